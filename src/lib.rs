@@ -1,0 +1,18 @@
+//! # tpgrpo
+//!
+//! TP-GRPO (TurningPoint-GRPO) reinforcement-learning fine-tuning of flow-matching
+//! text-to-image models (Stable Diffusion 3 / 3.5) on Burn.
+//!
+//! - [`model::mmdit`]: the SD3 / SD3.5 MMDiT, generic over the backend, loading diffusers and
+//!   Stability checkpoints.
+//! - [`weights`]: lazy safetensors reading, key plans, atomic writing.
+//! - [`backend`]: the backend chosen by cargo features.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod error;
+pub mod model;
+pub mod weights;
+
+pub use error::{Error, Result};

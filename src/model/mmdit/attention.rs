@@ -1,0 +1,185 @@
+//! Joint attention over `[image; text]` tokens, and the image-only self-attention of SD3.5's
+//! dual-attention blocks, with optional per-head RMS query/key normalisation.
+
+use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::prelude::*;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+
+/// Epsilon of the per-head RMSNorm on queries and keys.
+pub const QK_NORM_EPS: f64 = 1e-6;
+
+/// Splits `[B, N, H*Dh]` into heads `[B, H, N, Dh]`.
+fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [b, n, d] = x.dims();
+    x.reshape([b, n, heads, d / heads]).swap_dims(1, 2)
+}
+
+/// Merges heads `[B, H, N, Dh]` back into `[B, N, H*Dh]`.
+fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+    let [b, h, n, dh] = x.dims();
+    x.swap_dims(1, 2).reshape([b, n, h * dh])
+}
+
+/// Projects `x` to heads and applies the optional per-head RMSNorm.
+fn project<B: Backend>(
+    x: Tensor<B, 3>,
+    proj: &Linear<B>,
+    norm: &Option<RmsNorm<B>>,
+    heads: usize,
+) -> Tensor<B, 4> {
+    let h = split_heads(proj.forward(x), heads);
+    match norm {
+        Some(norm) => norm.forward(h),
+        None => h,
+    }
+}
+
+/// Scaled dot-product attention `softmax(q k^T / sqrt(Dh)) v` without mask.
+fn sdpa<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
+    attention(q, k, v, None, None, AttentionModuleOptions::default())
+}
+
+fn qk_norm<B: Backend>(enabled: bool, head_dim: usize, device: &B::Device) -> Option<RmsNorm<B>> {
+    enabled.then(|| RmsNormConfig::new(head_dim).with_epsilon(QK_NORM_EPS).init(device))
+}
+
+/// The joint attention of an MMDiT block (diffusers `Attention` with `JointAttnProcessor2_0`).
+#[derive(Module, Debug)]
+pub struct JointAttention<B: Backend> {
+    /// Image queries.
+    pub to_q: Linear<B>,
+    /// Image keys.
+    pub to_k: Linear<B>,
+    /// Image values.
+    pub to_v: Linear<B>,
+    /// Text queries.
+    pub add_q_proj: Linear<B>,
+    /// Text keys.
+    pub add_k_proj: Linear<B>,
+    /// Text values.
+    pub add_v_proj: Linear<B>,
+    /// Image output projection (checkpoint key `to_out.0`).
+    pub to_out: Linear<B>,
+    /// Text output projection; absent in the context-pre-only last block.
+    pub to_add_out: Option<Linear<B>>,
+    /// Per-head RMSNorm of image queries (SD3.5).
+    pub norm_q: Option<RmsNorm<B>>,
+    /// Per-head RMSNorm of image keys (SD3.5).
+    pub norm_k: Option<RmsNorm<B>>,
+    /// Per-head RMSNorm of text queries (SD3.5).
+    pub norm_added_q: Option<RmsNorm<B>>,
+    /// Per-head RMSNorm of text keys (SD3.5).
+    pub norm_added_k: Option<RmsNorm<B>>,
+    /// Number of heads.
+    pub heads: usize,
+}
+
+impl<B: Backend> JointAttention<B> {
+    /// Joint attention of width `dim` with `heads` heads; `context_pre_only` drops `to_add_out`.
+    pub fn new(
+        dim: usize,
+        heads: usize,
+        qk: bool,
+        context_pre_only: bool,
+        device: &B::Device,
+    ) -> Self {
+        let linear = || LinearConfig::new(dim, dim).init(device);
+        let head_dim = dim / heads;
+        JointAttention {
+            to_q: linear(),
+            to_k: linear(),
+            to_v: linear(),
+            add_q_proj: linear(),
+            add_k_proj: linear(),
+            add_v_proj: linear(),
+            to_out: linear(),
+            to_add_out: (!context_pre_only).then(linear),
+            norm_q: qk_norm(qk, head_dim, device),
+            norm_k: qk_norm(qk, head_dim, device),
+            norm_added_q: qk_norm(qk, head_dim, device),
+            norm_added_k: qk_norm(qk, head_dim, device),
+            heads,
+        }
+    }
+
+    /// Attends over the concatenation of image tokens `x [B, N, D]` and text tokens
+    /// `c [B, L, D]`; returns the projected image part and, unless the block is context-pre-only,
+    /// the projected text part.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        c: Tensor<B, 3>,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
+        let n = x.dims()[1];
+        let h = self.heads;
+        let q = Tensor::cat(
+            vec![
+                project(x.clone(), &self.to_q, &self.norm_q, h),
+                project(c.clone(), &self.add_q_proj, &self.norm_added_q, h),
+            ],
+            2,
+        );
+        let k = Tensor::cat(
+            vec![
+                project(x.clone(), &self.to_k, &self.norm_k, h),
+                project(c.clone(), &self.add_k_proj, &self.norm_added_k, h),
+            ],
+            2,
+        );
+        let v = Tensor::cat(
+            vec![project(x, &self.to_v, &None, h), project(c, &self.add_v_proj, &None, h)],
+            2,
+        );
+        let out = merge_heads(sdpa(q, k, v));
+        let [b, total, d] = out.dims();
+        let image = self.to_out.forward(out.clone().slice([0..b, 0..n, 0..d]));
+        let text =
+            self.to_add_out.as_ref().map(|proj| proj.forward(out.slice([0..b, n..total, 0..d])));
+        (image, text)
+    }
+}
+
+/// Image-only self-attention (`attn2` of SD3.5 dual-attention blocks).
+#[derive(Module, Debug)]
+pub struct SelfAttention<B: Backend> {
+    /// Queries.
+    pub to_q: Linear<B>,
+    /// Keys.
+    pub to_k: Linear<B>,
+    /// Values.
+    pub to_v: Linear<B>,
+    /// Output projection (checkpoint key `to_out.0`).
+    pub to_out: Linear<B>,
+    /// Per-head RMSNorm of queries.
+    pub norm_q: Option<RmsNorm<B>>,
+    /// Per-head RMSNorm of keys.
+    pub norm_k: Option<RmsNorm<B>>,
+    /// Number of heads.
+    pub heads: usize,
+}
+
+impl<B: Backend> SelfAttention<B> {
+    /// Self-attention of width `dim` with `heads` heads.
+    pub fn new(dim: usize, heads: usize, qk: bool, device: &B::Device) -> Self {
+        let linear = || LinearConfig::new(dim, dim).init(device);
+        SelfAttention {
+            to_q: linear(),
+            to_k: linear(),
+            to_v: linear(),
+            to_out: linear(),
+            norm_q: qk_norm(qk, dim / heads, device),
+            norm_k: qk_norm(qk, dim / heads, device),
+            heads,
+        }
+    }
+
+    /// `to_out(attention(x))` for tokens `x [B, N, D]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let h = self.heads;
+        let q = project(x.clone(), &self.to_q, &self.norm_q, h);
+        let k = project(x.clone(), &self.to_k, &self.norm_k, h);
+        let v = project(x, &self.to_v, &None, h);
+        self.to_out.forward(merge_heads(sdpa(q, k, v)))
+    }
+}

@@ -1,0 +1,150 @@
+//! The SD3 / SD3.5 multimodal diffusion transformer (MMDiT), one implementation for SD3-medium,
+//! SD3.5-medium (dual attention, qk-norm), SD3.5-large and any smaller configuration.
+//!
+//! Module fields are named after diffusers' checkpoint keys; [`load`] holds the short remap.
+
+pub mod attention;
+pub mod block;
+pub mod config;
+pub mod embed;
+pub mod load;
+pub mod norm;
+
+use burn::nn::{Linear, LinearConfig};
+use burn::prelude::*;
+
+pub use block::JointTransformerBlock;
+pub use config::MMDiTConfig;
+
+use crate::error::{Error, Result};
+use embed::{PatchEmbed, TimeTextEmbed};
+use norm::AdaLayerNormContinuous;
+
+/// The MMDiT denoiser: predicts the flow-matching velocity of a latent.
+#[derive(Module, Debug)]
+pub struct MMDiT<B: Backend> {
+    /// Patch embedding and position table.
+    pub pos_embed: PatchEmbed<B>,
+    /// Timestep and pooled-text conditioning.
+    pub time_text_embed: TimeTextEmbed<B>,
+    /// Projection of the text features to the hidden size.
+    pub context_embedder: Linear<B>,
+    /// The joint blocks; the last one is context-pre-only.
+    pub transformer_blocks: Vec<JointTransformerBlock<B>>,
+    /// Output AdaLN-continuous.
+    pub norm_out: AdaLayerNormContinuous<B>,
+    /// Projection to `p * p * out_channels` values per patch.
+    pub proj_out: Linear<B>,
+    /// The configuration the model was built from.
+    #[module(skip)]
+    pub config: MMDiTConfig,
+}
+
+impl MMDiTConfig {
+    /// Builds a model with lazily initialised (random) weights; see [`MMDiT::load`] for weights.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<MMDiT<B>> {
+        self.validate()?;
+        let dim = self.hidden_size();
+        let heads = self.num_attention_heads;
+        let qk = self.has_qk_norm();
+        let depth = self.num_layers;
+        Ok(MMDiT {
+            pos_embed: PatchEmbed::new(
+                self.in_channels,
+                dim,
+                self.patch_size,
+                self.pos_embed_max_size,
+                device,
+            ),
+            time_text_embed: TimeTextEmbed::new(dim, self.pooled_projection_dim, device),
+            context_embedder: LinearConfig::new(self.joint_attention_dim, dim).init(device),
+            transformer_blocks: (0..depth)
+                .map(|i| {
+                    let dual = self.dual_attention_layers.contains(&i);
+                    JointTransformerBlock::new(dim, heads, qk, dual, i + 1 == depth, device)
+                })
+                .collect(),
+            norm_out: AdaLayerNormContinuous::new(dim, device),
+            proj_out: LinearConfig::new(dim, self.patch_size * self.patch_size * self.out_channels)
+                .init(device),
+            config: self.clone(),
+        })
+    }
+}
+
+impl<B: Backend> MMDiT<B> {
+    /// Predicts the velocity `[B, out_channels, H, W]`.
+    ///
+    /// - `latent`: `[B, in_channels, H, W]`, `H` and `W` multiples of the patch size, at most
+    ///   `pos_embed_max_size` patches per side (non-square is fine);
+    /// - `timestep`: `[B]`, `sigma * 1000` as a float (not rounded);
+    /// - `text`: `[B, L, joint_attention_dim]` prompt features;
+    /// - `pooled`: `[B, pooled_projection_dim]` pooled prompt vector.
+    ///
+    /// Flow: patch-embed + cropped positions -> `temb` = time MLP + pooled MLP -> text projected
+    /// by `context_embedder` -> joint blocks -> AdaLN-continuous -> `proj_out` -> unpatchify
+    /// `[B, h, w, p, p, C] -> [B, C, h*p, w*p]`.
+    pub fn forward(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+        pooled: Tensor<B, 2>,
+    ) -> Result<Tensor<B, 4>> {
+        let cfg = &self.config;
+        let [b, channels, height, width] = latent.dims();
+        let p = cfg.patch_size;
+        if channels != cfg.in_channels
+            || height % p != 0
+            || width % p != 0
+            || height == 0
+            || width == 0
+        {
+            return Err(Error::shape(
+                "hidden_states",
+                format!("[B, {}, H, W] with H and W positive multiples of {p}", cfg.in_channels),
+                &[b, channels, height, width],
+            ));
+        }
+        if timestep.dims() != [b] {
+            return Err(Error::shape("timestep", format!("[{b}]"), &timestep.dims()));
+        }
+        let [tb, _, tj] = text.dims();
+        if tb != b || tj != cfg.joint_attention_dim {
+            return Err(Error::shape(
+                "encoder_hidden_states",
+                format!("[{b}, L, {}]", cfg.joint_attention_dim),
+                &text.dims(),
+            ));
+        }
+        if pooled.dims() != [b, cfg.pooled_projection_dim] {
+            return Err(Error::shape(
+                "pooled_projections",
+                format!("[{b}, {}]", cfg.pooled_projection_dim),
+                &pooled.dims(),
+            ));
+        }
+
+        let mut x = self.pos_embed.forward(latent)?;
+        let temb = self.time_text_embed.forward(timestep, pooled);
+        let mut c = Some(self.context_embedder.forward(text));
+        for block in &self.transformer_blocks {
+            let (nx, nc) = block.forward(
+                x,
+                c.expect("only the last block drops the text stream"),
+                temb.clone(),
+            );
+            x = nx;
+            c = nc;
+        }
+        let x = self.proj_out.forward(self.norm_out.forward(x, temb));
+
+        let (h, w, co) = (height / p, width / p, cfg.out_channels);
+        Ok(x.reshape([b, h, w, p, p, co]).permute([0, 5, 1, 3, 2, 4]).reshape([
+            b,
+            co,
+            h * p,
+            w * p,
+        ]))
+    }
+}

@@ -1,0 +1,74 @@
+//! Parity of the MMDiT with diffusers' SD3Transformer2DModel on every case folder under
+//! tests/fixtures/mmdit/ (or `$TPGRPO_MMDIT_FIXTURES`), written by tests/fixtures/gen_mmdit.py.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use tpgrpo::backend::Backend as B;
+use tpgrpo::model::MMDiT;
+use tpgrpo::weights::WeightFiles;
+
+/// The model inside a case folder: its `transformer/` or its one single-file checkpoint.
+fn model_path(case: &Path) -> PathBuf {
+    let transformer = case.join("transformer");
+    if transformer.is_dir() {
+        return transformer;
+    }
+    let single: Vec<PathBuf> = std::fs::read_dir(case)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.ends_with(".safetensors")
+                && name != "inputs.safetensors"
+                && name != "expected.safetensors"
+        })
+        .collect();
+    assert_eq!(single.len(), 1, "{}: expected transformer/ or one checkpoint file", case.display());
+    single[0].clone()
+}
+
+#[test]
+fn mmdit_matches_diffusers_on_every_case() {
+    let root = std::env::var_os("TPGRPO_MMDIT_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(common::mmdit_fixtures);
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("expected.safetensors").is_file())
+        .collect();
+    cases.sort();
+    assert!(!cases.is_empty(), "no case folders under {}", root.display());
+
+    let device = common::device();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let model = MMDiT::<B>::load(model_path(case), &device)
+            .unwrap_or_else(|e| panic!("{}: load failed: {e}", case.display()));
+        let inputs = WeightFiles::open(case.join("inputs.safetensors")).unwrap();
+        let expected = WeightFiles::open(case.join("expected.safetensors")).unwrap();
+        let out = model
+            .forward(
+                common::tensor(&inputs, "hidden_states"),
+                common::tensor(&inputs, "timestep"),
+                common::tensor(&inputs, "encoder_hidden_states"),
+                common::tensor(&inputs, "pooled_projections"),
+            )
+            .unwrap();
+        let (diff, scale) = common::max_diff(out, common::tensor::<4>(&expected, "sample"));
+        let tol = 1e-4 * scale.max(1.0);
+        println!(
+            "{}: max|diff| = {diff:.3e} (tolerance {tol:.3e})",
+            case.file_name().unwrap().to_string_lossy()
+        );
+        if diff.is_nan() || diff > tol {
+            failures.push(format!("{}: max|diff| {diff:e} > {tol:e}", case.display()));
+        }
+    }
+    assert!(failures.is_empty(), "parity failures:\n{}", failures.join("\n"));
+    if std::env::var_os("TPGRPO_MMDIT_FIXTURES").is_none() {
+        assert!(cases.len() >= 5, "expected the 5 committed cases, found {}", cases.len());
+    }
+}
