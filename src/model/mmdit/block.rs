@@ -3,10 +3,20 @@
 
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::gelu_approximate;
 
 use super::attention::{JointAttention, SelfAttention};
 use super::norm::{layer_norm, modulate, AdaLayerNormContinuous, AdaLayerNormZero};
+
+/// GELU with the tanh approximation, `0.5 x (1 + tanh(z))`, `z = sqrt(2/pi) (x + 0.044715 x^3)`,
+/// evaluated as the identical `x * sigmoid(2z) = x / (1 + exp(-2z))`: one exponential instead of
+/// Burn's `tanh` (f64 per element on ndarray) and `powf` (8x faster there). `-2z` is clamped to
+/// `[-40, 40]`, where `tanh(z)` is already `+-1` in f32, so neither value nor gradient overflows.
+pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+    let cube = x.clone() * x.clone() * x.clone();
+    let minus_2z = (x.clone() + cube * 0.044715) * (-2.0 * SQRT_2_OVER_PI);
+    x / (minus_2z.clamp(-40.0, 40.0).exp() + 1.0)
+}
 
 /// The MLP `Linear(D, 4D) -> GELU(tanh) -> Linear(4D, D)` (checkpoint keys `net.0.proj`, `net.2`).
 #[derive(Module, Debug)]
@@ -28,7 +38,7 @@ impl<B: Backend> FeedForward<B> {
 
     /// `proj_out(gelu_tanh(proj_in(x)))`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.proj_out.forward(gelu_approximate(self.proj_in.forward(x)))
+        self.proj_out.forward(gelu_tanh(self.proj_in.forward(x)))
     }
 }
 
