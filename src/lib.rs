@@ -6,12 +6,14 @@
 //! - [`model::mmdit`]: the SD3 / SD3.5 MMDiT, generic over the backend, loading diffusers and
 //!   Stability checkpoints.
 //! - [`weights`]: lazy safetensors reading, key plans, atomic writing.
+//! - [`grpo`]: TP-GRPO / Flow-GRPO credit, advantages and loss.
 //! - [`backend`]: the backend chosen by cargo features.
 
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod error;
+pub mod grpo;
 pub mod model;
 pub mod weights;
 

@@ -1,0 +1,18 @@
+//! The GRPO objectives: TP-GRPO credit assignment (step rewards, turning points, balancing),
+//! group-normalised advantages (TP-GRPO per step, Flow-GRPO on the outcome), and the clipped
+//! policy loss with a KL penalty to the reference policy.
+
+pub mod advantage;
+pub mod config;
+pub mod credit;
+pub mod inspect;
+pub mod loss;
+pub mod turning_point;
+
+pub use advantage::{
+    clip_advantages, flow_grpo_advantages, informative_samples, tp_grpo_advantages, StdScope,
+};
+pub use config::{BalanceKey, Objective, ObjectiveConfig};
+pub use credit::{credit_batch, step_rewards, TrajectoryCredit};
+pub use loss::{kl_penalty, policy_loss, LossStats};
+pub use turning_point::turning_points;
