@@ -15,6 +15,7 @@ pub mod backend;
 pub mod error;
 pub mod grpo;
 pub mod model;
+pub mod sampler;
 pub mod weights;
 
 pub use error::{Error, Result};
