@@ -7,7 +7,9 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{Backend as B, TrainBackend as AB};
-use tpgrpo::sampler::{cps_step, euler_step, sde_step, FlowSchedule};
+use tpgrpo::sampler::{
+    cps_step, euler_step, guided_velocity, sde_step, Conditioning, FlowSchedule, VelocityModel,
+};
 
 #[test]
 fn log_prob_gradient_matches_finite_differences() {
@@ -88,4 +90,64 @@ fn euler_sampling_of_a_point_mass_lands_on_it() {
         let (diff, _) = common::max_diff(x, x0.clone());
         assert!(diff <= 1e-5, "N={steps}: lands {diff} away from x0");
     }
+}
+
+/// An analytic conditional field: data concentrated at the point given by the pooled vector's
+/// first `C` entries (broadcast over space), `v = (x - x0(c)) / sigma`; it counts its calls.
+struct PointMass {
+    calls: std::cell::Cell<usize>,
+}
+
+impl VelocityModel<B> for PointMass {
+    fn velocity(
+        &self,
+        x: Tensor<B, 4>,
+        t: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+    ) -> tpgrpo::Result<Tensor<B, 4>> {
+        self.calls.set(self.calls.get() + 1);
+        let [b, c, _, _] = x.dims();
+        let x0 = cond.pooled.clone().slice([0..b, 0..c]).reshape([b, c, 1, 1]);
+        let sigma = (t / 1000.0).reshape([b, 1, 1, 1]);
+        Ok((x - x0) / sigma)
+    }
+}
+
+#[test]
+fn guidance_is_one_batched_pass_of_u_plus_g_times_c_minus_u() {
+    let dev = common::device();
+    let n = Distribution::Normal(0.0, 1.0);
+    let model = PointMass { calls: std::cell::Cell::new(0) };
+    let cond = Conditioning {
+        text: Tensor::<B, 3>::zeros([2, 3, 4], &dev),
+        pooled: Tensor::random([2, 5], n, &dev),
+    };
+    let uncond = Conditioning {
+        text: Tensor::<B, 3>::zeros([2, 3, 4], &dev),
+        pooled: Tensor::random([2, 5], n, &dev),
+    };
+    let x = Tensor::<B, 4>::random([2, 3, 2, 2], n, &dev);
+    let t = Tensor::<B, 1>::from_floats([900.0, 250.0], &dev);
+    let g = guided_velocity(&model, x.clone(), t.clone(), &cond, &uncond, 4.5).unwrap();
+    assert_eq!(model.calls.get(), 1, "CFG must be one forward pass");
+    // By hand: u + g (c - u) = (x - x0_u)/s + g (x0_u - x0_c)/s.
+    let sigma = Tensor::<B, 1>::from_floats([0.9, 0.25], &dev).reshape([2, 1, 1, 1]);
+    let x0 = |p: Tensor<B, 2>| p.slice([0..2, 0..3]).reshape([2, 3, 1, 1]);
+    let expected = (x - x0(uncond.pooled.clone())) / sigma.clone()
+        + (x0(uncond.pooled.clone()) - x0(cond.pooled.clone())) / sigma * 4.5;
+    let (diff, _) = common::max_diff(g, expected);
+    assert!(diff <= 1e-5, "{diff}");
+    let short = Conditioning {
+        text: Tensor::<B, 3>::zeros([1, 3, 4], &dev),
+        pooled: Tensor::zeros([1, 5], &dev),
+    };
+    assert!(guided_velocity(
+        &model,
+        Tensor::zeros([2, 3, 2, 2], &dev),
+        Tensor::zeros([2], &dev),
+        &cond,
+        &short,
+        4.5
+    )
+    .is_err());
 }

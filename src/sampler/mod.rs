@@ -1,8 +1,10 @@
-//! Flow-matching sampling: the shifted schedule and the Euler, SDE (noise scale alpha) and CPS
-//! steps with their log-probabilities.
+//! Flow-matching sampling: the shifted schedule, the Euler, SDE (noise scale alpha) and CPS
+//! steps with their log-probabilities, and classifier-free guidance over a velocity model.
 
+pub mod guidance;
 pub mod schedule;
 pub mod step;
 
+pub use guidance::{guided_velocity, Conditioning, VelocityModel};
 pub use schedule::FlowSchedule;
 pub use step::{cps_step, euler_step, sde_step, GaussianStep, StepKind};
