@@ -92,32 +92,11 @@ fn euler_sampling_of_a_point_mass_lands_on_it() {
     }
 }
 
-/// An analytic conditional field: data concentrated at the point given by the pooled vector's
-/// first `C` entries (broadcast over space), `v = (x - x0(c)) / sigma`; it counts its calls.
-struct PointMass {
-    calls: std::cell::Cell<usize>,
-}
-
-impl VelocityModel<B> for PointMass {
-    fn velocity(
-        &self,
-        x: Tensor<B, 4>,
-        t: Tensor<B, 1>,
-        cond: &Conditioning<B>,
-    ) -> tpgrpo::Result<Tensor<B, 4>> {
-        self.calls.set(self.calls.get() + 1);
-        let [b, c, _, _] = x.dims();
-        let x0 = cond.pooled.clone().slice([0..b, 0..c]).reshape([b, c, 1, 1]);
-        let sigma = (t / 1000.0).reshape([b, 1, 1, 1]);
-        Ok((x - x0) / sigma)
-    }
-}
-
 #[test]
 fn guidance_is_one_batched_pass_of_u_plus_g_times_c_minus_u() {
     let dev = common::device();
     let n = Distribution::Normal(0.0, 1.0);
-    let model = PointMass { calls: std::cell::Cell::new(0) };
+    let model = common::PointMass::default();
     let cond = Conditioning {
         text: Tensor::<B, 3>::zeros([2, 3, 4], &dev),
         pooled: Tensor::random([2, 5], n, &dev),

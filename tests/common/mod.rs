@@ -39,3 +39,26 @@ pub fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> (f32, f32) 
     let scale: f32 = b.abs().max().into_scalar().elem();
     (diff, scale)
 }
+
+/// An analytic conditional field: data concentrated at the point given by the pooled vector's
+/// first `C` entries (broadcast over space), `v = (x - x0(c)) / sigma`; it counts its calls.
+#[derive(Default)]
+pub struct PointMass {
+    /// Number of `velocity` calls so far.
+    pub calls: std::cell::Cell<usize>,
+}
+
+impl tpgrpo::sampler::VelocityModel<B> for PointMass {
+    fn velocity(
+        &self,
+        x: Tensor<B, 4>,
+        t: Tensor<B, 1>,
+        cond: &tpgrpo::sampler::Conditioning<B>,
+    ) -> tpgrpo::Result<Tensor<B, 4>> {
+        self.calls.set(self.calls.get() + 1);
+        let [b, c, _, _] = x.dims();
+        let x0 = cond.pooled.clone().slice([0..b, 0..c]).reshape([b, c, 1, 1]);
+        let sigma = (t / 1000.0).reshape([b, 1, 1, 1]);
+        Ok((x - x0) / sigma)
+    }
+}

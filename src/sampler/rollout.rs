@@ -1,0 +1,208 @@
+//! The rollout engine: batches of trajectories with an SDE window, and the batched ODE
+//! completions of every intermediate state that TP-GRPO scores.
+
+use std::ops::Range;
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::guidance::{guided_velocity, Conditioning, VelocityModel};
+use super::noise::gaussian;
+use super::schedule::FlowSchedule;
+use super::step::{cps_step, euler_step, sde_step};
+use crate::error::Error;
+
+/// The stochastic sampler of the trained steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerKind {
+    /// Flow-GRPO's SDE step.
+    Sde,
+    /// The CPS step (the TP-GRPO scripts' choice).
+    Cps,
+}
+
+/// How rollouts are sampled (defaults: the TP-GRPO SD3.5-medium scripts).
+#[derive(Config, Debug, PartialEq)]
+pub struct RolloutConfig {
+    /// Scheduler steps `N`.
+    #[config(default = 10)]
+    pub num_steps: usize,
+    /// Schedule shift (3 for SD3).
+    #[config(default = 3.0)]
+    pub shift: f64,
+    /// CFG scale `g`.
+    #[config(default = 4.5)]
+    pub guidance: f64,
+    /// Noise scale alpha of the stochastic steps.
+    #[config(default = 0.7)]
+    pub noise_level: f64,
+    /// The stochastic sampler.
+    #[config(default = "SamplerKind::Cps")]
+    pub sampler: SamplerKind,
+    /// First step of the SDE window.
+    #[config(default = 0)]
+    pub window_start: usize,
+    /// Steps in the SDE window (the trained steps); steps outside it are Euler ODE steps.
+    #[config(default = 9)]
+    pub window_size: usize,
+}
+
+impl RolloutConfig {
+    /// The trained steps `[window_start, window_start + window_size)`.
+    pub fn window(&self) -> Range<usize> {
+        self.window_start..self.window_start + self.window_size
+    }
+
+    /// Checks the fields and builds the schedule; a window reaching the last step (whose
+    /// `sigma_next = 0` makes the step deterministic and the KL weight infinite) is rejected.
+    pub fn schedule(&self) -> crate::Result<FlowSchedule> {
+        let schedule = FlowSchedule::new(self.num_steps, self.shift)?;
+        if !(self.noise_level.is_finite() && self.noise_level > 0.0) {
+            return Err(Error::config(
+                "noise_level",
+                format!("must be > 0 for trained steps, got {}", self.noise_level),
+            ));
+        }
+        if self.window_size == 0 {
+            return Err(Error::config("window_size", "must be at least 1"));
+        }
+        if self.window().end >= self.num_steps {
+            return Err(Error::config(
+                "window_size",
+                format!(
+                    "window {:?} reaches step {} whose sigma_next is 0; trained steps must end before it",
+                    self.window(),
+                    self.num_steps - 1
+                ),
+            ));
+        }
+        Ok(schedule)
+    }
+}
+
+/// A batch of trajectories.
+#[derive(Debug, Clone)]
+pub struct Rollout<B: Backend> {
+    /// `N + 1` latents `[B, C, H, W]`: the initial noise and the state after each step.
+    pub latents: Vec<Tensor<B, 4>>,
+    /// One `[B]` log-probability per trained step, in window order.
+    pub log_probs: Vec<Tensor<B, 1>>,
+    /// The trained steps.
+    pub window: Range<usize>,
+    /// The schedule (timesteps are `1000 sigma`).
+    pub schedule: FlowSchedule,
+    /// Velocity evaluations per sample (a guided pass counts once).
+    pub nfe: usize,
+}
+
+/// Timesteps `[B]` all equal to `1000 sigma`.
+fn timesteps<B: Backend>(sigma: f64, batch: usize, device: &B::Device) -> Tensor<B, 1> {
+    Tensor::full([batch], sigma * 1000.0, device)
+}
+
+/// Per-sample noise `[B, C, H, W]` of stream `stream` for the given seeds.
+pub fn seeded_noise<B: Backend>(
+    seeds: &[u64],
+    stream: u64,
+    shape: [usize; 3],
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    let count = shape.iter().product();
+    let values: Vec<f32> = seeds.iter().flat_map(|&s| gaussian(s, stream, count)).collect();
+    Tensor::from_data(TensorData::new(values, [seeds.len(), shape[0], shape[1], shape[2]]), device)
+}
+
+/// Samples one trajectory per seed: initial noise from stream 0 of each sample's seed, Euler
+/// steps outside the SDE window, stochastic steps (noise from stream `i + 1`) inside it, CFG at
+/// every step.
+pub fn rollout<B: Backend, M: VelocityModel<B>>(
+    model: &M,
+    cfg: &RolloutConfig,
+    seeds: &[u64],
+    latent_shape: [usize; 3],
+    cond: &Conditioning<B>,
+    uncond: &Conditioning<B>,
+    device: &B::Device,
+) -> crate::Result<Rollout<B>> {
+    let schedule = cfg.schedule()?;
+    let b = seeds.len();
+    let mut x = seeded_noise::<B>(seeds, 0, latent_shape, device);
+    let mut latents = vec![x.clone()];
+    let mut log_probs = Vec::new();
+    for i in 0..schedule.num_steps() {
+        let (sigma, sigma_next) = (schedule.sigmas[i], schedule.sigmas[i + 1]);
+        let v = guided_velocity(
+            model,
+            x.clone(),
+            timesteps(sigma, b, device),
+            cond,
+            uncond,
+            cfg.guidance,
+        )?;
+        x = if cfg.window().contains(&i) {
+            let step = match cfg.sampler {
+                SamplerKind::Sde => sde_step(x, v, &schedule, i, cfg.noise_level)?,
+                SamplerKind::Cps => cps_step(x, v, &schedule, i, cfg.noise_level)?,
+            };
+            let next = step.sample(seeded_noise(seeds, i as u64 + 1, latent_shape, device));
+            log_probs.push(step.log_prob(next.clone())?);
+            next
+        } else {
+            euler_step(x, v, sigma, sigma_next)
+        };
+        latents.push(x.clone());
+    }
+    Ok(Rollout { latents, log_probs, window: cfg.window(), nfe: schedule.num_steps(), schedule })
+}
+
+/// The deterministic ODE completions `x0_ODE(s)` of states `x_s` (`[B, C, H, W]`, after `s`
+/// steps), each run with guided Euler steps over `sigmas[s..]`. All completions that are at the
+/// same step are advanced by ONE guided forward pass (the batches stacked), so the number of
+/// passes is `N - min(s)` whatever the number of starts. Returns the clean samples in input
+/// order and the velocity evaluations per sample.
+pub fn ode_completions<B: Backend, M: VelocityModel<B>>(
+    model: &M,
+    schedule: &FlowSchedule,
+    starts: &[(usize, Tensor<B, 4>)],
+    cond: &Conditioning<B>,
+    uncond: &Conditioning<B>,
+    guidance: f64,
+) -> crate::Result<(Vec<Tensor<B, 4>>, usize)> {
+    let n = schedule.num_steps();
+    if let Some((s, _)) = starts.iter().find(|(s, _)| *s > n) {
+        return Err(Error::config(
+            "step_index",
+            format!("completion start {s} is past the last step {n}"),
+        ));
+    }
+    let mut states: Vec<Tensor<B, 4>> = starts.iter().map(|(_, x)| x.clone()).collect();
+    let first = starts.iter().map(|(s, _)| *s).min().unwrap_or(n);
+    let mut nfe = 0;
+    for i in first..n {
+        let active: Vec<usize> = (0..starts.len()).filter(|&j| starts[j].0 <= i).collect();
+        let x = Tensor::cat(active.iter().map(|&j| states[j].clone()).collect(), 0);
+        let b = x.dims()[0];
+        let reps = active.len();
+        let repeat = |c: &Conditioning<B>| Conditioning {
+            text: Tensor::cat(vec![c.text.clone(); reps], 0),
+            pooled: Tensor::cat(vec![c.pooled.clone(); reps], 0),
+        };
+        let device = x.device();
+        let (sigma, sigma_next) = (schedule.sigmas[i], schedule.sigmas[i + 1]);
+        let v = guided_velocity(
+            model,
+            x.clone(),
+            timesteps(sigma, b, &device),
+            &repeat(cond),
+            &repeat(uncond),
+            guidance,
+        )?;
+        let next = euler_step(x, v, sigma, sigma_next);
+        for (k, part) in next.chunk(reps, 0).into_iter().enumerate() {
+            states[active[k]] = part;
+        }
+        nfe += reps;
+    }
+    Ok((states, nfe))
+}
