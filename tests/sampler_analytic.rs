@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{Backend as B, TrainBackend as AB};
 use tpgrpo::sampler::{
-    cps_step, euler_step, guided_velocity, sde_step, Conditioning, FlowSchedule, VelocityModel,
+    cps_step, euler_step, guided_velocity, sde_step, Conditioning, FlowSchedule,
 };
 
 #[test]
