@@ -54,13 +54,13 @@ fn each_sample_is_reproducible_from_its_own_seed() {
         RolloutConfig::new().with_sampler(SamplerKind::Sde).with_num_steps(6).with_window_size(4);
     let both = conditioning(2, 3, 4, 8, 0.5);
     let second = Conditioning {
-        text: both.text.clone().slice([1..2]),
-        pooled: both.pooled.clone().slice([1..2]),
+        text: both.text.clone().slice_dim(0, 1..2),
+        pooled: both.pooled.clone().slice_dim(0, 1..2),
     };
     let r2 = rollout(&model, &cfg, &[3, 7], [2, 2, 2], &both, &both, &dev).unwrap();
     let r1 = rollout(&model, &cfg, &[7], [2, 2, 2], &second, &second, &dev).unwrap();
     for (a, b) in r2.latents.iter().zip(&r1.latents) {
-        let a: Vec<f32> = a.clone().slice([1..2]).into_data().to_vec().unwrap();
+        let a: Vec<f32> = a.clone().slice_dim(0, 1..2).into_data().to_vec().unwrap();
         assert_eq!(a, b.clone().into_data().to_vec::<f32>().unwrap());
     }
     // With unguided point-mass velocities the final latent is the target: the pooled vector.
