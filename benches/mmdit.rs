@@ -11,22 +11,10 @@ use std::time::{Duration, Instant};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::model::{MMDiT, MMDiTConfig};
+use tpgrpo::model::MMDiT;
 
-/// The benchmark configuration.
-pub fn bench_config() -> MMDiTConfig {
-    MMDiTConfig::new()
-        .with_sample_size(32)
-        .with_num_layers(4)
-        .with_num_attention_heads(4)
-        .with_attention_head_dim(64)
-        .with_joint_attention_dim(256)
-        .with_caption_projection_dim(256)
-        .with_pooled_projection_dim(128)
-        .with_pos_embed_max_size(32)
-        .with_dual_attention_layers(vec![0, 1])
-        .with_qk_norm(Some("rms_norm".into()))
-}
+mod common;
+use common::bench_config;
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,
