@@ -1,5 +1,7 @@
 //! Group-normalised advantages: per trained step for TP-GRPO, on the outcome for Flow-GRPO.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -38,21 +40,22 @@ pub fn group_zscores(
         ));
     }
     let steps = values.first().map_or(0, Vec::len);
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, &p) in prompt_ids.iter().enumerate() {
+        groups.entry(p).or_default().push(i);
+    }
     let mut out = vec![vec![0.0; steps]; values.len()];
     for k in 0..steps {
         let (_, global_std) = mean_std(values.iter().map(|row| row[k]));
-        for (i, row) in out.iter_mut().enumerate() {
-            let group = values
-                .iter()
-                .zip(prompt_ids)
-                .filter(|(_, &p)| p == prompt_ids[i])
-                .map(|(r, _)| r[k]);
-            let (mean, group_std) = mean_std(group);
+        for members in groups.values() {
+            let (mean, group_std) = mean_std(members.iter().map(|&i| values[i][k]));
             let std = match scope {
                 StdScope::Group => group_std,
                 StdScope::Global => global_std,
             };
-            row[k] = (values[i][k] - mean) / (std + eps);
+            for &i in members {
+                out[i][k] = (values[i][k] - mean) / (std + eps);
+            }
         }
     }
     Ok(out)
