@@ -51,9 +51,68 @@ impl<B: Backend> VelocityModel<B> for MMDiT<B> {
     }
 }
 
-/// The classifier-free-guided velocity `v = u + g (c - u)`, with the unconditional `u` and
-/// conditional `c` velocities from ONE forward pass on the batch `[uncond; cond]`.
-/// `uncond` holds one row per sample (the empty prompt, repeated).
+/// Classifier-free guidance for a batch: the stacked conditioning `[uncond; cond]` built once
+/// and the scale `g`.
+#[derive(Debug, Clone)]
+pub struct Guidance<B: Backend> {
+    /// `[uncond; cond]`, batch `2B`.
+    pub both: Conditioning<B>,
+    /// The CFG scale `g`.
+    pub scale: f64,
+}
+
+impl<B: Backend> Guidance<B> {
+    /// Stacks `[uncond; cond]` for a batch of `batch` samples (`uncond` holds one row per
+    /// sample: the empty prompt, repeated); each block repeated `reps` times, for `reps`
+    /// latent batches stacked along the batch.
+    pub fn new(
+        cond: &Conditioning<B>,
+        uncond: &Conditioning<B>,
+        scale: f64,
+        batch: usize,
+        reps: usize,
+    ) -> crate::Result<Self> {
+        if cond.batch() != batch || uncond.batch() != batch {
+            return Err(Error::shape(
+                "conditioning",
+                format!("batch {batch} for both the prompts and the negative prompts"),
+                &[cond.batch(), uncond.batch()],
+            ));
+        }
+        let repeat = |c: &Conditioning<B>| Conditioning {
+            text: Tensor::cat(vec![c.text.clone(); reps], 0),
+            pooled: Tensor::cat(vec![c.pooled.clone(); reps], 0),
+        };
+        Ok(Guidance { both: repeat(uncond).cat(repeat(cond)), scale })
+    }
+
+    /// The guided velocity `v = u + g (c - u)`, the unconditional `u` and conditional `c` from
+    /// ONE forward pass on `[latent; latent]`.
+    pub fn velocity<M: VelocityModel<B>>(
+        &self,
+        model: &M,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+    ) -> crate::Result<Tensor<B, 4>> {
+        let b = latent.dims()[0];
+        if 2 * b != self.both.batch() {
+            return Err(Error::shape(
+                "latent",
+                format!("batch {} (half the guided conditioning)", self.both.batch() / 2),
+                &latent.dims(),
+            ));
+        }
+        let v = model.velocity(
+            Tensor::cat(vec![latent.clone(), latent], 0),
+            Tensor::cat(vec![timestep.clone(), timestep], 0),
+            &self.both,
+        )?;
+        let [u, c]: [Tensor<B, 4>; 2] = v.chunk(2, 0).try_into().expect("two halves");
+        Ok(u.clone() + (c - u) * self.scale)
+    }
+}
+
+/// One guided velocity (see [`Guidance`]); loops should build the [`Guidance`] once instead.
 pub fn guided_velocity<B: Backend, M: VelocityModel<B>>(
     model: &M,
     latent: Tensor<B, 4>,
@@ -63,19 +122,5 @@ pub fn guided_velocity<B: Backend, M: VelocityModel<B>>(
     guidance: f64,
 ) -> crate::Result<Tensor<B, 4>> {
     let b = latent.dims()[0];
-    if cond.batch() != b || uncond.batch() != b {
-        return Err(Error::shape(
-            "conditioning",
-            format!("batch {b} for both the prompts and the negative prompts"),
-            &[cond.batch(), uncond.batch()],
-        ));
-    }
-    let both = uncond.clone().cat(cond.clone());
-    let v = model.velocity(
-        Tensor::cat(vec![latent.clone(), latent], 0),
-        Tensor::cat(vec![timestep.clone(), timestep], 0),
-        &both,
-    )?;
-    let [u, c]: [Tensor<B, 4>; 2] = v.chunk(2, 0).try_into().expect("two halves");
-    Ok(u.clone() + (c - u) * guidance)
+    Guidance::new(cond, uncond, guidance, b, 1)?.velocity(model, latent, timestep)
 }

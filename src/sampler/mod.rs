@@ -7,7 +7,7 @@ pub mod rollout;
 pub mod schedule;
 pub mod step;
 
-pub use guidance::{guided_velocity, Conditioning, VelocityModel};
+pub use guidance::{guided_velocity, Conditioning, Guidance, VelocityModel};
 pub use rollout::{ode_completions, rollout, seeded_noise, Rollout, RolloutConfig, SamplerKind};
 pub use schedule::FlowSchedule;
 pub use step::{cps_step, euler_step, sde_step, GaussianStep, StepKind};

@@ -6,7 +6,7 @@ use std::ops::Range;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::guidance::{guided_velocity, Conditioning, VelocityModel};
+use super::guidance::{Conditioning, Guidance, VelocityModel};
 use super::noise::gaussian;
 use super::schedule::FlowSchedule;
 use super::step::{cps_step, euler_step, sde_step};
@@ -128,18 +128,12 @@ pub fn rollout<B: Backend, M: VelocityModel<B>>(
     let schedule = cfg.schedule()?;
     let b = seeds.len();
     let mut x = seeded_noise::<B>(seeds, 0, latent_shape, device);
+    let guidance = Guidance::new(cond, uncond, cfg.guidance, b, 1)?;
     let mut latents = vec![x.clone()];
     let mut log_probs = Vec::new();
     for i in 0..schedule.num_steps() {
         let (sigma, sigma_next) = (schedule.sigmas[i], schedule.sigmas[i + 1]);
-        let v = guided_velocity(
-            model,
-            x.clone(),
-            timesteps(sigma, b, device),
-            cond,
-            uncond,
-            cfg.guidance,
-        )?;
+        let v = guidance.velocity(model, x.clone(), timesteps(sigma, b, device))?;
         x = if cfg.window().contains(&i) {
             let step = match cfg.sampler {
                 SamplerKind::Sde => sde_step(x, v, &schedule, i, cfg.noise_level)?,
@@ -179,25 +173,21 @@ pub fn ode_completions<B: Backend, M: VelocityModel<B>>(
     let mut states: Vec<Tensor<B, 4>> = starts.iter().map(|(_, x)| x.clone()).collect();
     let first = starts.iter().map(|(s, _)| *s).min().unwrap_or(n);
     let mut nfe = 0;
+    // The stacked conditioning for the current number of active completions, rebuilt only
+    // when a new completion joins.
+    let mut stacked: Option<(usize, Guidance<B>)> = None;
     for i in first..n {
         let active: Vec<usize> = (0..starts.len()).filter(|&j| starts[j].0 <= i).collect();
         let x = Tensor::cat(active.iter().map(|&j| states[j].clone()).collect(), 0);
         let b = x.dims()[0];
         let reps = active.len();
-        let repeat = |c: &Conditioning<B>| Conditioning {
-            text: Tensor::cat(vec![c.text.clone(); reps], 0),
-            pooled: Tensor::cat(vec![c.pooled.clone(); reps], 0),
-        };
+        if stacked.as_ref().is_none_or(|(r, _)| *r != reps) {
+            stacked = Some((reps, Guidance::new(cond, uncond, guidance, cond.batch(), reps)?));
+        }
+        let (_, guided) = stacked.as_ref().expect("built above");
         let device = x.device();
         let (sigma, sigma_next) = (schedule.sigmas[i], schedule.sigmas[i + 1]);
-        let v = guided_velocity(
-            model,
-            x.clone(),
-            timesteps(sigma, b, &device),
-            &repeat(cond),
-            &repeat(uncond),
-            guidance,
-        )?;
+        let v = guided.velocity(model, x.clone(), timesteps(sigma, b, &device))?;
         let next = euler_step(x, v, sigma, sigma_next);
         for (k, part) in next.chunk(reps, 0).into_iter().enumerate() {
             states[active[k]] = part;
