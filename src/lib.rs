@@ -7,6 +7,7 @@
 //!   Stability checkpoints.
 //! - [`weights`]: lazy safetensors reading, key plans, atomic writing.
 //! - [`grpo`]: TP-GRPO / Flow-GRPO credit, advantages and loss.
+//! - [`reward`]: the reward trait; [`toy`]: the embedded default task (tiny model, shapes, scorer).
 //! - [`backend`]: the backend chosen by cargo features.
 
 #![warn(missing_docs)]
@@ -15,7 +16,10 @@ pub mod backend;
 pub mod error;
 pub mod grpo;
 pub mod model;
+pub mod reward;
 pub mod sampler;
+pub mod toy;
+pub mod train;
 pub mod weights;
 
 pub use error::{Error, Result};

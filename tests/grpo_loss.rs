@@ -1,8 +1,12 @@
 //! The clipped policy loss and the KL penalty against hand-worked values and gradients.
 
+mod common;
+
 use burn::prelude::*;
 use tpgrpo::backend::{self, TrainBackend as AB};
 use tpgrpo::grpo::{kl_penalty, policy_loss};
+use tpgrpo::model::{LoraConfig, MMDiT};
+use tpgrpo::sampler::{cps_step, Conditioning, FlowSchedule, Guidance};
 
 fn floats(t: Tensor<<AB as burn::tensor::backend::AutodiffBackend>::InnerBackend, 1>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec().unwrap()
@@ -90,4 +94,50 @@ fn kl_penalty_matches_hand_values_and_vanishes_at_the_reference() {
     }
     let same = kl_penalty(mean.clone(), mean.detach(), std);
     assert_eq!(same.into_scalar().elem::<f32>(), 0.0);
+}
+
+/// The KL term of the loss on a real network: the step means of the policy (LoRA on) and the
+/// reference (the same network with the adapters off) at a CPS step with CFG.
+fn kl_between(policy: &MMDiT<AB>, reference: &MMDiT<AB>) -> f32 {
+    let schedule = FlowSchedule::new(10, 3.0).unwrap();
+    let x: Tensor<AB, 4> = common::noise(11, [2, 4, 8, 8]);
+    let cond =
+        Conditioning { text: common::noise(12, [2, 5, 12]), pooled: common::noise(13, [2, 10]) };
+    let uncond =
+        Conditioning { text: common::noise(14, [2, 5, 12]), pooled: common::noise(15, [2, 10]) };
+    let guidance = Guidance::new(&cond, &uncond, 4.5, 2, 1).unwrap();
+    let t = Tensor::full([2], schedule.sigmas[3] * 1000.0, &x.device());
+    let mean = |m: &MMDiT<AB>| {
+        let v = guidance.velocity(m, x.clone(), t.clone()).unwrap();
+        cps_step(x.clone(), v, &schedule, 3, 0.7).unwrap()
+    };
+    let (step, ref_step) = (mean(policy), mean(reference));
+    let std = Tensor::full([2], step.std, &x.device());
+    kl_penalty(step.mean, ref_step.mean, std).into_scalar().elem()
+}
+
+#[test]
+fn kl_term_is_zero_when_the_adapters_are_off() {
+    let base: MMDiT<AB> = common::tiny_config().init(&backend::device()).unwrap();
+    let policy = base.with_lora(&LoraConfig::new().with_rank(4)).unwrap();
+    let reference = policy.adapters_off();
+    // Fresh adapters (B = 0) and a policy with its adapters switched off: exactly 0.
+    assert_eq!(kl_between(&policy, &reference), 0.0);
+    // After training (B != 0) the term is positive; switched off again it is 0 again.
+    let trained = policy
+        .lora_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, t))| {
+            let t = if n.ends_with("lora_B") {
+                common::noise(50 + i as u64, t.dims()) * 0.05
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect();
+    let trained = policy.with_lora_tensors(trained).unwrap();
+    assert!(kl_between(&trained, &reference) > 1e-3);
+    assert_eq!(kl_between(&trained.adapters_off(), &reference), 0.0);
 }

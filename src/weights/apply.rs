@@ -81,7 +81,7 @@ pub struct ParamSlot {
     pub path: String,
     /// Shape in Burn's layout.
     pub shape: Vec<usize>,
-    /// Whether the parameter is the `weight` of a `burn::nn::Linear`.
+    /// Whether the parameter is the `weight` of a `burn::nn::Linear` or a [`crate::model::lora::LoraLinear`].
     pub linear_weight: bool,
 }
 
@@ -119,7 +119,10 @@ impl<B: Backend> ModuleVisitor<B> for Slots {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let linear_weight = self.containers.last().is_some_and(|c| c == "Struct:Linear")
+        let linear_weight = self
+            .containers
+            .last()
+            .is_some_and(|c| c == "Struct:Linear" || c == "Struct:LoraLinear")
             && self.path.last().is_some_and(|p| p == "weight");
         self.slots.push(ParamSlot {
             path: self.path.join("."),

@@ -62,3 +62,27 @@ impl tpgrpo::sampler::VelocityModel<B> for PointMass {
         Ok((x - x0) / sigma)
     }
 }
+
+/// A tiny SD3.5-style configuration (dual attention in block 0, qk-norm, 3 blocks).
+pub fn tiny_config() -> tpgrpo::model::MMDiTConfig {
+    tpgrpo::model::MMDiTConfig::new()
+        .with_sample_size(8)
+        .with_in_channels(4)
+        .with_out_channels(4)
+        .with_num_layers(3)
+        .with_attention_head_dim(8)
+        .with_num_attention_heads(2)
+        .with_joint_attention_dim(12)
+        .with_caption_projection_dim(16)
+        .with_pooled_projection_dim(10)
+        .with_pos_embed_max_size(4)
+        .with_dual_attention_layers(vec![0])
+        .with_qk_norm(Some("rms_norm".into()))
+}
+
+/// Deterministic pseudo-random tensor of `shape` (host noise, seed `seed`).
+pub fn noise<BB: Backend, const D: usize>(seed: u64, shape: [usize; D]) -> Tensor<BB, D> {
+    let count = shape.iter().product();
+    let values = tpgrpo::sampler::noise::gaussian(seed, 0, count);
+    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+}

@@ -1,10 +1,12 @@
 //! Joint attention over `[image; text]` tokens, and the image-only self-attention of SD3.5's
 //! dual-attention blocks, with optional per-head RMS query/key normalisation.
 
-use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+
+use crate::model::lora::LoraLinear;
 
 /// Epsilon of the per-head RMSNorm on queries and keys.
 pub const QK_NORM_EPS: f64 = 1e-6;
@@ -24,7 +26,7 @@ fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
 /// Projects `x` to heads and applies the optional per-head RMSNorm.
 fn project<B: Backend>(
     x: Tensor<B, 3>,
-    proj: &Linear<B>,
+    proj: &LoraLinear<B>,
     norm: &Option<RmsNorm<B>>,
     heads: usize,
 ) -> Tensor<B, 4> {
@@ -48,21 +50,21 @@ fn qk_norm<B: Backend>(enabled: bool, head_dim: usize, device: &B::Device) -> Op
 #[derive(Module, Debug)]
 pub struct JointAttention<B: Backend> {
     /// Image queries.
-    pub to_q: Linear<B>,
+    pub to_q: LoraLinear<B>,
     /// Image keys.
-    pub to_k: Linear<B>,
+    pub to_k: LoraLinear<B>,
     /// Image values.
-    pub to_v: Linear<B>,
+    pub to_v: LoraLinear<B>,
     /// Text queries.
-    pub add_q_proj: Linear<B>,
+    pub add_q_proj: LoraLinear<B>,
     /// Text keys.
-    pub add_k_proj: Linear<B>,
+    pub add_k_proj: LoraLinear<B>,
     /// Text values.
-    pub add_v_proj: Linear<B>,
+    pub add_v_proj: LoraLinear<B>,
     /// Image output projection (checkpoint key `to_out.0`).
-    pub to_out: Linear<B>,
+    pub to_out: LoraLinear<B>,
     /// Text output projection; absent in the context-pre-only last block.
-    pub to_add_out: Option<Linear<B>>,
+    pub to_add_out: Option<LoraLinear<B>>,
     /// Per-head RMSNorm of image queries (SD3.5).
     pub norm_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of image keys (SD3.5).
@@ -84,7 +86,7 @@ impl<B: Backend> JointAttention<B> {
         context_pre_only: bool,
         device: &B::Device,
     ) -> Self {
-        let linear = || LinearConfig::new(dim, dim).init(device);
+        let linear = || LoraLinear::new(dim, dim, device);
         let head_dim = dim / heads;
         JointAttention {
             to_q: linear(),
@@ -144,13 +146,13 @@ impl<B: Backend> JointAttention<B> {
 #[derive(Module, Debug)]
 pub struct SelfAttention<B: Backend> {
     /// Queries.
-    pub to_q: Linear<B>,
+    pub to_q: LoraLinear<B>,
     /// Keys.
-    pub to_k: Linear<B>,
+    pub to_k: LoraLinear<B>,
     /// Values.
-    pub to_v: Linear<B>,
+    pub to_v: LoraLinear<B>,
     /// Output projection (checkpoint key `to_out.0`).
-    pub to_out: Linear<B>,
+    pub to_out: LoraLinear<B>,
     /// Per-head RMSNorm of queries.
     pub norm_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of keys.
@@ -162,7 +164,7 @@ pub struct SelfAttention<B: Backend> {
 impl<B: Backend> SelfAttention<B> {
     /// Self-attention of width `dim` with `heads` heads.
     pub fn new(dim: usize, heads: usize, qk: bool, device: &B::Device) -> Self {
-        let linear = || LinearConfig::new(dim, dim).init(device);
+        let linear = || LoraLinear::new(dim, dim, device);
         SelfAttention {
             to_q: linear(),
             to_k: linear(),

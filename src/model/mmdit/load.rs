@@ -287,9 +287,17 @@ impl<B: Backend> MMDiT<B> {
     }
 
     /// Saves the model as a diffusers `transformer/` folder (`config.json` and an f32
-    /// `diffusion_pytorch_model.safetensors`), each file written atomically.
+    /// `diffusion_pytorch_model.safetensors`), each file written atomically. A model with LoRA
+    /// adapters must be merged ([`MMDiT::merge_lora`]) or exported ([`MMDiT::save_peft`]) first.
     pub fn save_diffusers(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
+        if self.has_lora() {
+            return Err(Error::config(
+                "lora",
+                "the model carries LoRA adapters: merge_lora() before save_diffusers, \
+                 or save_peft for the adapters alone",
+            ));
+        }
         let tensors: Vec<_> = export_params(self)
             .into_iter()
             .map(|(path, shape, values)| (diffusers_key(&path), shape, values))

@@ -10,6 +10,7 @@ pub mod embed;
 pub mod load;
 pub mod norm;
 
+use burn::module::{ModuleMapper, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
@@ -72,7 +73,24 @@ impl MMDiTConfig {
     }
 }
 
+/// Forces lazily initialised parameters to take their values.
+struct Materialize;
+
+impl<B: Backend> ModuleMapper<B> for Materialize {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let _ = param.val();
+        param
+    }
+}
+
 impl<B: Backend> MMDiT<B> {
+    /// The model with every lazily initialised parameter drawn. [`MMDiTConfig::init`] is lazy
+    /// (nothing is allocated until used or loaded), and clones of an undrawn parameter draw
+    /// independently; call this before cloning a randomly initialised model.
+    pub fn materialize(self) -> Self {
+        self.map(&mut Materialize)
+    }
+
     /// Predicts the velocity `[B, out_channels, H, W]`.
     ///
     /// - `latent`: `[B, in_channels, H, W]`, `H` and `W` multiples of the patch size, at most

@@ -1,0 +1,425 @@
+//! LoRA adapters on the MMDiT's attention projections, PEFT-compatible export and merging.
+//!
+//! An adapted projection computes `y = x W + b + (alpha / r) (x A) B` with the base `W`, `b`
+//! frozen, `A: [in, r]` drawn from `N(0, (1/r)^2)` and `B: [r, out]` zero, so a fresh adapter
+//! leaves the model unchanged. The low-rank path is two small matmuls; `W + A B` is never formed
+//! during training. Switching the adapters off ([`MMDiT::adapters_off`]) gives the reference
+//! policy of the KL term from the same base tensors.
+//!
+//! (`crate::Error` is spelled out: `#[derive(Config)]` expands to code naming `Error`.)
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::module::linear;
+
+use super::mmdit::attention::{JointAttention, SelfAttention};
+use super::MMDiT;
+
+use crate::sampler::noise::gaussian;
+use crate::weights::{save_safetensors, write_atomically, WeightFiles};
+
+/// PEFT's adapter weight file name.
+pub const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
+/// PEFT's adapter configuration file name.
+pub const PEFT_CONFIG: &str = "adapter_config.json";
+/// Key prefix PEFT gives the wrapped model's modules.
+pub const PEFT_PREFIX: &str = "base_model.model.";
+
+/// The Flow-GRPO / TP-GRPO LoRA targets: the eight joint-attention projections.
+pub fn default_targets() -> Vec<String> {
+    ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"]
+        .into_iter()
+        .chain(["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"])
+        .map(String::from)
+        .collect()
+}
+
+/// LoRA hyper-parameters (the TP-GRPO launch scripts' defaults).
+#[derive(Config, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Rank `r` of the update.
+    #[config(default = 32)]
+    pub rank: usize,
+    /// `alpha`; the update is scaled by `alpha / r`.
+    #[config(default = 64.0)]
+    pub alpha: f64,
+    /// Module-name suffixes to adapt, matched like PEFT (`attn.to_q` matches
+    /// `transformer_blocks.3.attn.to_q`, not `transformer_blocks.3.attn2.to_q`).
+    #[config(default = "default_targets()")]
+    pub target_modules: Vec<String>,
+    /// Seed of the Gaussian initialisation of `A`.
+    #[config(default = 0)]
+    pub seed: u64,
+}
+
+impl LoraConfig {
+    /// Checks rank, alpha and targets, naming the offending field.
+    pub fn validate(&self) -> crate::Result<()> {
+        if self.rank == 0 {
+            return Err(crate::Error::config("lora.rank", "must be at least 1"));
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(crate::Error::config(
+                "lora.alpha",
+                format!("must be positive, got {}", self.alpha),
+            ));
+        }
+        if self.target_modules.is_empty() {
+            return Err(crate::Error::config("lora.target_modules", "names no module"));
+        }
+        Ok(())
+    }
+
+    /// Whether the module called `name` is targeted (PEFT's suffix rule).
+    pub fn targets(&self, name: &str) -> bool {
+        self.target_modules.iter().any(|t| name == t || name.ends_with(&format!(".{t}")))
+    }
+}
+
+/// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
+#[derive(Module, Debug)]
+pub struct LoraLinear<B: Backend> {
+    /// Base weight `[in, out]` (Burn layout; PyTorch stores `[out, in]`).
+    pub weight: Param<Tensor<B, 2>>,
+    /// Base bias `[out]`.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+    /// The adapter, when attached.
+    pub lora: Option<LoraAdapter<B>>,
+}
+
+/// The low-rank update of one linear layer.
+#[derive(Module, Debug)]
+pub struct LoraAdapter<B: Backend> {
+    /// `A: [in, r]` (PEFT's `lora_A.weight` transposed).
+    pub lora_a: Param<Tensor<B, 2>>,
+    /// `B: [r, out]` (PEFT's `lora_B.weight` transposed).
+    pub lora_b: Param<Tensor<B, 2>>,
+    /// `alpha / r`.
+    pub scale: f64,
+}
+
+impl<B: Backend> LoraLinear<B> {
+    /// A randomly initialised `d_in -> d_out` layer with bias (Burn's `Linear` initialisation).
+    pub fn new(d_in: usize, d_out: usize, device: &B::Device) -> Self {
+        let base = burn::nn::LinearConfig::new(d_in, d_out).init::<B>(device);
+        LoraLinear { weight: base.weight, bias: base.bias, lora: None }
+    }
+
+    /// `x W + b`, plus `scale (x A) B` when an adapter is attached.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let base = linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        match &self.lora {
+            None => base,
+            Some(l) => {
+                let low = x.matmul(l.lora_a.val().unsqueeze()).matmul(l.lora_b.val().unsqueeze());
+                base + low * l.scale
+            }
+        }
+    }
+
+    /// `[in, out]` of the base weight.
+    pub fn dims(&self) -> [usize; 2] {
+        let shape = self.weight.lazy_shape();
+        [shape[0], shape[1]]
+    }
+
+    /// The layer with `W + scale A B` as its weight and no adapter.
+    pub fn merged(self) -> Self {
+        let weight = match &self.lora {
+            None => return self,
+            Some(l) => {
+                let delta = l.lora_a.val().matmul(l.lora_b.val()) * l.scale;
+                Param::from_tensor(self.weight.val() + delta).set_require_grad(false)
+            }
+        };
+        LoraLinear { weight, bias: self.bias, lora: None }
+    }
+}
+
+impl<B: Backend> JointAttention<B> {
+    /// The adaptable projections with their diffusers module names.
+    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+        let mut out: Vec<(&'static str, &mut LoraLinear<B>)> = vec![
+            ("to_q", &mut self.to_q),
+            ("to_k", &mut self.to_k),
+            ("to_v", &mut self.to_v),
+            ("to_out.0", &mut self.to_out),
+            ("add_q_proj", &mut self.add_q_proj),
+            ("add_k_proj", &mut self.add_k_proj),
+            ("add_v_proj", &mut self.add_v_proj),
+        ];
+        if let Some(p) = self.to_add_out.as_mut() {
+            out.push(("to_add_out", p));
+        }
+        out
+    }
+}
+
+impl<B: Backend> SelfAttention<B> {
+    /// The adaptable projections with their diffusers module names.
+    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+        vec![
+            ("to_q", &mut self.to_q),
+            ("to_k", &mut self.to_k),
+            ("to_v", &mut self.to_v),
+            ("to_out.0", &mut self.to_out),
+        ]
+    }
+}
+
+impl<B: Backend> MMDiT<B> {
+    /// Every attention projection with its diffusers module name
+    /// (`transformer_blocks.{i}.attn.to_q`, `transformer_blocks.{i}.attn2.to_out.0`, ...).
+    pub fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear<B>)> {
+        let mut out = Vec::new();
+        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
+            for (name, p) in block.attn.projections_mut() {
+                out.push((format!("transformer_blocks.{i}.attn.{name}"), p));
+            }
+            if let Some(attn2) = block.attn2.as_mut() {
+                for (name, p) in attn2.projections_mut() {
+                    out.push((format!("transformer_blocks.{i}.attn2.{name}"), p));
+                }
+            }
+        }
+        out
+    }
+
+    /// The attached adapters by module name, in model order.
+    pub fn adapters(&self) -> Vec<(String, LoraAdapter<B>)> {
+        self.clone()
+            .projections_mut()
+            .into_iter()
+            .filter_map(|(name, p)| p.lora.take().map(|l| (name, l)))
+            .collect()
+    }
+
+    /// The adapters' factors as named tensors, `<module>.lora_A` (`A: [in, r]`) and
+    /// `<module>.lora_B` (`B: [r, out]`), in model order: what the optimizer updates.
+    pub fn lora_tensors(&self) -> Vec<(String, Tensor<B, 2>)> {
+        self.adapters()
+            .into_iter()
+            .flat_map(|(name, l)| {
+                [
+                    (format!("{name}.lora_A"), l.lora_a.val()),
+                    (format!("{name}.lora_B"), l.lora_b.val()),
+                ]
+            })
+            .collect()
+    }
+
+    /// The model with its adapters' factors replaced by `tensors` (names and shapes as
+    /// [`MMDiT::lora_tensors`] gives them; every factor must be given, as a trainable leaf).
+    pub fn with_lora_tensors(
+        mut self,
+        tensors: Vec<(String, Tensor<B, 2>)>,
+    ) -> crate::Result<Self> {
+        let mut by_name: BTreeMap<String, Tensor<B, 2>> = tensors.into_iter().collect();
+        for (name, p) in self.projections_mut() {
+            let Some(l) = p.lora.as_mut() else { continue };
+            for (suffix, slot) in [("lora_A", &mut l.lora_a), ("lora_B", &mut l.lora_b)] {
+                let key = format!("{name}.{suffix}");
+                let t = by_name
+                    .remove(&key)
+                    .ok_or_else(|| crate::Error::config("lora", format!("no value for `{key}`")))?;
+                let expected = slot.lazy_shape().to_vec();
+                if t.dims().to_vec() != expected {
+                    return Err(crate::Error::shape(key, format!("{expected:?}"), &t.dims()));
+                }
+                *slot = Param::initialized(slot.id, t.detach().require_grad());
+            }
+        }
+        match by_name.keys().next() {
+            Some(name) => {
+                Err(crate::Error::config("lora", format!("`{name}` is not an adapter factor")))
+            }
+            None => Ok(self),
+        }
+    }
+
+    /// The model with the base frozen and fresh adapters on every projection `config` targets.
+    ///
+    /// `A` of the `j`-th adapted module is `N(0, (1/r)^2)` noise drawn on the host from
+    /// `(config.seed, j)`, so the initialisation does not depend on the backend; `B = 0`.
+    /// A target that matches no attention projection is an error naming it.
+    pub fn with_lora(self, config: &LoraConfig) -> crate::Result<Self> {
+        config.validate()?;
+        // Lazily initialised parameters would be drawn anew in every clone (and the reference
+        // policy is a clone): fix their values first.
+        let mut model = self.materialize().no_grad();
+        let device = model.devices()[0].clone();
+        let (r, scale) = (config.rank, config.alpha / config.rank as f64);
+        let names: Vec<String> = model.projections_mut().into_iter().map(|(n, _)| n).collect();
+        for target in &config.target_modules {
+            let hit = names.iter().any(|n| n == target || n.ends_with(&format!(".{target}")));
+            if !hit {
+                return Err(crate::Error::config(
+                    "lora.target_modules",
+                    format!(
+                        "`{target}` matches no attention projection (adaptable modules end in \
+                         attn.to_q, attn.to_k, attn.to_v, attn.to_out.0, attn.add_q_proj, \
+                         attn.add_k_proj, attn.add_v_proj, attn.to_add_out or attn2.*)"
+                    ),
+                ));
+            }
+        }
+        let mut j = 0u64;
+        for (name, p) in model.projections_mut() {
+            if !config.targets(&name) {
+                continue;
+            }
+            let [d_in, d_out] = p.dims();
+            let a: Vec<f32> =
+                gaussian(config.seed, j, d_in * r).into_iter().map(|v| v / r as f32).collect();
+            j += 1;
+            p.lora = Some(LoraAdapter {
+                lora_a: Param::from_tensor(Tensor::from_data(
+                    TensorData::new(a, [d_in, r]),
+                    &device,
+                )),
+                lora_b: Param::from_tensor(Tensor::zeros([r, d_out], &device)),
+                scale,
+            });
+        }
+        Ok(model)
+    }
+
+    /// The same network with every adapter removed: the reference policy, sharing the base
+    /// tensors (nothing is copied).
+    pub fn adapters_off(&self) -> Self {
+        let mut model = self.clone();
+        for (_, p) in model.projections_mut() {
+            p.lora = None;
+        }
+        model
+    }
+
+    /// The model with every adapter merged into its base weight (`W + (alpha/r) A B`).
+    pub fn merge_lora(mut self) -> Self {
+        for (_, p) in self.projections_mut() {
+            let layer = std::mem::replace(
+                p,
+                LoraLinear { weight: p.weight.clone(), bias: p.bias.clone(), lora: None },
+            );
+            *p = layer.merged();
+        }
+        self
+    }
+
+    /// Whether any adapter is attached.
+    pub fn has_lora(&self) -> bool {
+        !self.adapters().is_empty()
+    }
+
+    /// Writes the adapters as a PEFT folder: `adapter_model.safetensors` (f32,
+    /// `base_model.model.<module>.lora_A.weight [r, in]`, `lora_B.weight [out, r]`) and
+    /// `adapter_config.json`; both files written atomically.
+    pub fn save_peft(&self, dir: impl AsRef<Path>, config: &LoraConfig) -> crate::Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        let mut tensors = Vec::new();
+        for (name, l) in self.adapters() {
+            for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {
+                let [rows, cols] = t.dims();
+                let values = t.transpose().into_data().convert::<f32>().to_vec::<f32>();
+                let values = values.map_err(|e| crate::Error::config("lora", format!("{e:?}")))?;
+                tensors.push((
+                    format!("{PEFT_PREFIX}{name}.{suffix}.weight"),
+                    vec![cols, rows],
+                    values,
+                ));
+            }
+        }
+        save_safetensors(&dir.join(PEFT_WEIGHTS), &tensors)?;
+        let json = serde_json::json!({
+            "peft_type": "LORA",
+            "r": config.rank,
+            "lora_alpha": config.alpha,
+            "target_modules": config.target_modules,
+            "init_lora_weights": "gaussian",
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "use_rslora": false,
+            "use_dora": false,
+        });
+        let text = serde_json::to_string_pretty(&json).expect("JSON value");
+        let path = dir.join(PEFT_CONFIG);
+        write_atomically(&path, |tmp| {
+            std::fs::write(tmp, &text).map_err(|e| crate::Error::io(tmp, e))
+        })
+    }
+
+    /// Attaches the adapters of a PEFT folder written by [`MMDiT::save_peft`] (or by PEFT for
+    /// the same targets); returns the model and the folder's [`LoraConfig`]. Every adapter
+    /// tensor must exist with the shape the module needs.
+    pub fn load_peft(self, dir: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+        let dir = dir.as_ref();
+        let config_path = dir.join(PEFT_CONFIG);
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| crate::Error::io(&config_path, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| crate::Error::format(&config_path, e.to_string()))?;
+        let field = |k: &str| {
+            json.get(k)
+                .ok_or_else(|| crate::Error::format(&config_path, format!("missing field `{k}`")))
+        };
+        let rank = field("r")?
+            .as_u64()
+            .ok_or_else(|| crate::Error::format(&config_path, "`r` is not an integer"))?;
+        let alpha = field("lora_alpha")?
+            .as_f64()
+            .ok_or_else(|| crate::Error::format(&config_path, "`lora_alpha` is not a number"))?;
+        let targets: Vec<String> = serde_json::from_value(field("target_modules")?.clone())
+            .map_err(|e| crate::Error::format(&config_path, format!("`target_modules`: {e}")))?;
+        let config = LoraConfig::new()
+            .with_rank(rank as usize)
+            .with_alpha(alpha)
+            .with_target_modules(targets);
+        let mut model = self.with_lora(&config)?;
+        let files = WeightFiles::open(dir.join(PEFT_WEIGHTS))?;
+        let device = model.devices()[0].clone();
+        let mut problems = Vec::new();
+        let mut used = 0;
+        for (name, p) in model.projections_mut() {
+            let [d_in, d_out] = p.dims();
+            let Some(l) = p.lora.as_mut() else { continue };
+            for (suffix, [rows, cols]) in
+                [("lora_A", [rank as usize, d_in]), ("lora_B", [d_out, rank as usize])]
+            {
+                let key = format!("{PEFT_PREFIX}{name}.{suffix}.weight");
+                match files.info(&key) {
+                    None => problems.push(format!("missing key `{key}`")),
+                    Some(info) if info.shape != [rows, cols] => problems.push(format!(
+                        "`{key}`: expected shape {:?}, found {:?}",
+                        [rows, cols],
+                        info.shape
+                    )),
+                    Some(_) => {
+                        used += 1;
+                        let t = Tensor::<B, 2>::from_data(
+                            TensorData::new(files.read_f32(&key)?, [rows, cols]),
+                            &device,
+                        )
+                        .transpose();
+                        let target = if suffix == "lora_A" { &mut l.lora_a } else { &mut l.lora_b };
+                        *target = Param::from_tensor(t);
+                    }
+                }
+            }
+        }
+        if used != files.keys().count() {
+            problems.push(format!(
+                "{} tensors in the file, {used} used by the targeted modules",
+                files.keys().count()
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(crate::Error::Checkpoint { path: dir.to_path_buf(), problems });
+        }
+        Ok((model, config))
+    }
+}

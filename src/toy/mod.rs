@@ -1,0 +1,118 @@
+//! The embedded default task: a tiny MMDiT (shipped in `models/toy/`) that draws coloured
+//! shapes on 32x32 images from short prompts, its text encoder, renderer and reward.
+//!
+//! The "latent" is the image itself scaled to `[-1, 1]` (no VAE): `z = 2x - 1`, `x = z/2 + 1/2`.
+
+pub mod draw;
+pub mod prompt;
+pub mod scorer;
+pub mod text;
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::model::{MMDiT, MMDiTConfig};
+use crate::reward::Image;
+use crate::sampler::Conditioning;
+use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
+
+pub use draw::{render, IMAGE_SIZE};
+pub use prompt::{prompts, Scene, Split};
+pub use scorer::ToyScorer;
+pub use text::ToyTextEncoder;
+
+/// Text encoder weight file inside the toy model folder.
+pub const TEXT_ENCODER_FILE: &str = "text_encoder.safetensors";
+
+/// The shipped toy model folder (`models/toy` of this crate).
+pub fn default_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join("toy")
+}
+
+/// The toy transformer's configuration: SD3.5-style blocks (qk RMSNorm), width 64, 4 blocks,
+/// 4x4 patches of RGB (8x8 tokens), 32-wide text features.
+pub fn toy_config() -> MMDiTConfig {
+    MMDiTConfig::new()
+        .with_sample_size(IMAGE_SIZE)
+        .with_patch_size(4)
+        .with_in_channels(3)
+        .with_out_channels(3)
+        .with_num_layers(4)
+        .with_attention_head_dim(32)
+        .with_num_attention_heads(2)
+        .with_joint_attention_dim(32)
+        .with_caption_projection_dim(64)
+        .with_pooled_projection_dim(32)
+        .with_pos_embed_max_size(IMAGE_SIZE / 4)
+        .with_dual_attention_layers(vec![])
+        .with_qk_norm(Some("rms_norm".to_string()))
+}
+
+/// The toy model: transformer (`transformer/`, diffusers layout) and text encoder.
+#[derive(Module, Debug)]
+pub struct ToyModel<B: Backend> {
+    /// The denoiser.
+    pub transformer: MMDiT<B>,
+    /// The prompt encoder.
+    pub text_encoder: ToyTextEncoder<B>,
+}
+
+impl<B: Backend> ToyModel<B> {
+    /// A randomly initialised toy model.
+    pub fn init(device: &B::Device) -> Result<Self> {
+        let config = toy_config();
+        Ok(ToyModel {
+            text_encoder: ToyTextEncoder::new(config.joint_attention_dim, device),
+            transformer: config.init(device)?,
+        })
+    }
+
+    /// Loads `dir/transformer/` and `dir/text_encoder.safetensors`.
+    pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
+        let dir = dir.as_ref();
+        let transformer = MMDiT::load_diffusers_dir(&dir.join("transformer"), device)?;
+        let path = dir.join(TEXT_ENCODER_FILE);
+        let mut text_encoder = ToyTextEncoder::new(transformer.config.joint_attention_dim, device);
+        if transformer.config.pooled_projection_dim != transformer.config.joint_attention_dim {
+            return Err(Error::config(
+                "pooled_projection_dim",
+                "the toy encoder needs pooled_projection_dim == joint_attention_dim",
+            ));
+        }
+        let files = WeightFiles::open(&path)?;
+        apply_plan(&mut text_encoder, &files, &path, |p: &str| Source::key(p), |_| true)?;
+        Ok(ToyModel { transformer, text_encoder })
+    }
+
+    /// Writes `dir/transformer/` (diffusers) and `dir/text_encoder.safetensors`, atomically.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let transformer = dir.join("transformer");
+        std::fs::create_dir_all(&transformer).map_err(|e| Error::io(&transformer, e))?;
+        self.transformer.save_diffusers(&transformer)?;
+        save_safetensors(&dir.join(TEXT_ENCODER_FILE), &export_params(&self.text_encoder))
+    }
+}
+
+/// Latents `[B, 3, H, W]` (`2x - 1`) of images.
+pub fn images_to_latents<B: Backend>(images: &[Image], device: &B::Device) -> Tensor<B, 4> {
+    let (h, w) = (images[0].height, images[0].width);
+    let values: Vec<f32> =
+        images.iter().flat_map(|im| im.pixels.iter().map(|v| 2.0 * v - 1.0)).collect();
+    Tensor::<B, 4>::from_data(TensorData::new(values, [images.len(), h, w, 3]), device)
+        .permute([0, 3, 1, 2])
+}
+
+/// Images of latents: `(z/2 + 1/2)` clamped to `[0, 1]`.
+pub fn latents_to_images<B: Backend>(latents: Tensor<B, 4>) -> Result<Vec<Image>> {
+    Image::from_tensor(latents * 0.5 + 0.5)
+}
+
+impl<B: Backend> ToyModel<B> {
+    /// Prompt conditioning of `texts` (the empty string is the unconditional prompt).
+    pub fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+        self.text_encoder.encode(texts)
+    }
+}

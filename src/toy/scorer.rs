@@ -1,0 +1,169 @@
+//! The toy task's reward: a rule-based, GenEval-like scorer (colours, counts, shapes and
+//! relative positions, with partial credit).
+//!
+//! Detection: each pixel (quantised to 8 bits) takes the nearest palette colour when it is
+//! within [`COLOR_TOLERANCE`] of it, else it is background; 4-connected regions of one colour
+//! with at least [`MIN_AREA`] pixels are objects; an object's shape follows from how much of
+//! its bounding box it fills (square >= 0.9 > circle >= 0.68 > triangle).
+
+use super::prompt::{Color, Relation, Scene, Shape};
+use crate::error::Result;
+use crate::reward::{Image, Prompt, Reward};
+
+/// Largest Euclidean RGB distance at which a pixel counts as a palette colour.
+pub const COLOR_TOLERANCE: f32 = 0.3;
+/// Smallest object, in pixels.
+pub const MIN_AREA: usize = 8;
+/// Credit for a group when only objects of the right colour but the wrong shape are found.
+pub const COLOR_ONLY_CREDIT: f64 = 0.3;
+
+/// A detected object.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Detection {
+    /// Its colour.
+    pub color: Color,
+    /// Its shape.
+    pub shape: Shape,
+    /// Pixel count.
+    pub area: usize,
+    /// Centroid column.
+    pub cx: f32,
+    /// Centroid row.
+    pub cy: f32,
+}
+
+fn classify(rgb: [f32; 3]) -> Option<Color> {
+    let dist = |c: [f32; 3]| ((0..3).map(|i| (rgb[i] - c[i]).powi(2)).sum::<f32>()).sqrt();
+    Color::ALL
+        .into_iter()
+        .map(|c| (dist(c.rgb()), c))
+        .filter(|(d, _)| *d < COLOR_TOLERANCE)
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+/// The objects in `image`.
+pub fn detect(image: &Image) -> Vec<Detection> {
+    let (w, h) = (image.width, image.height);
+    let quantised = image.to_u8();
+    let labels: Vec<Option<Color>> = quantised
+        .chunks(3)
+        .map(|p| classify([p[0] as f32 / 255.0, p[1] as f32 / 255.0, p[2] as f32 / 255.0]))
+        .collect();
+    let mut seen = vec![false; w * h];
+    let mut out = Vec::new();
+    for start in 0..w * h {
+        let Some(color) = labels[start] else { continue };
+        if seen[start] {
+            continue;
+        }
+        seen[start] = true;
+        let mut stack = vec![start];
+        let (mut area, mut sx, mut sy) = (0usize, 0f32, 0f32);
+        let (mut x0, mut x1, mut y0, mut y1) = (w, 0, h, 0);
+        while let Some(i) = stack.pop() {
+            let (x, y) = (i % w, i / w);
+            area += 1;
+            sx += x as f32 + 0.5;
+            sy += y as f32 + 0.5;
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+            let mut visit = |j: usize| {
+                if !seen[j] && labels[j] == Some(color) {
+                    seen[j] = true;
+                    stack.push(j);
+                }
+            };
+            if x > 0 {
+                visit(i - 1);
+            }
+            if x + 1 < w {
+                visit(i + 1);
+            }
+            if y > 0 {
+                visit(i - w);
+            }
+            if y + 1 < h {
+                visit(i + w);
+            }
+        }
+        if area < MIN_AREA {
+            continue;
+        }
+        let fill = area as f32 / ((x1 - x0 + 1) * (y1 - y0 + 1)) as f32;
+        let shape = if fill >= 0.9 {
+            Shape::Square
+        } else if fill >= 0.68 {
+            Shape::Circle
+        } else {
+            Shape::Triangle
+        };
+        out.push(Detection { color, shape, area, cx: sx / area as f32, cy: sy / area as f32 });
+    }
+    out
+}
+
+/// The partial-credit score of `found` against `scene`, in `[0, 1]`: the mean over object
+/// groups of `max(0, 1 - |n - count| / count)` for `n` objects of the right colour and shape
+/// ([`COLOR_ONLY_CREDIT`] when only wrong-shape objects of the right colour exist, 0 when
+/// none), and for each relation 1 when the largest matching objects' centroids are ordered as
+/// required, else 0.
+pub fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
+    let matches = |g: usize, shape_too: bool| -> Vec<&Detection> {
+        let group = &scene.include[g];
+        found
+            .iter()
+            .filter(|d| d.color == group.color && (!shape_too || d.shape == group.class))
+            .collect()
+    };
+    let mut terms = Vec::new();
+    for (g, group) in scene.include.iter().enumerate() {
+        let exact = matches(g, true).len();
+        let term = if exact > 0 {
+            let r = group.count as f64;
+            (1.0 - (exact as f64 - r).abs() / r).max(0.0)
+        } else if !matches(g, false).is_empty() {
+            COLOR_ONLY_CREDIT
+        } else {
+            0.0
+        };
+        terms.push(term);
+    }
+    for (g, group) in scene.include.iter().enumerate() {
+        let Some((rel, anchor)) = group.position else { continue };
+        let best = |g: usize| {
+            let exact = matches(g, true);
+            let pool = if exact.is_empty() { matches(g, false) } else { exact };
+            pool.into_iter().max_by_key(|d| d.area).copied()
+        };
+        let ok = match (best(g), best(anchor)) {
+            (Some(p), Some(a)) => match rel {
+                Relation::Above => p.cy < a.cy,
+                Relation::Below => p.cy > a.cy,
+                Relation::LeftOf => p.cx < a.cx,
+                Relation::RightOf => p.cx > a.cx,
+            },
+            _ => false,
+        };
+        terms.push(if ok { 1.0 } else { 0.0 });
+    }
+    terms.iter().sum::<f64>() / terms.len() as f64
+}
+
+/// The toy task's [`Reward`]: [`score_scene`] of [`detect`]ed objects against the prompt's
+/// scene metadata.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ToyScorer;
+
+impl Reward for ToyScorer {
+    fn name(&self) -> &str {
+        "toy_geneval"
+    }
+
+    fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>> {
+        images
+            .iter()
+            .zip(prompts)
+            .map(|(image, prompt)| Ok(score_scene(&Scene::from_prompt(prompt)?, &detect(image))))
+            .collect()
+    }
+}

@@ -1,0 +1,215 @@
+//! LoRA: a fresh adapter is the identity, only adapters train, merging and PEFT export agree
+//! with the adapted forward; AdamW and global-norm clipping against hand-worked values.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use burn::backend::Autodiff;
+use burn::prelude::*;
+use common::{noise, scratch, tiny_config};
+use tpgrpo::backend::Backend as B;
+use tpgrpo::model::{LoraConfig, MMDiT};
+use tpgrpo::train::{clip_global_norm, AdamW, AdamWConfig};
+use tpgrpo::weights::{export_params, WeightFiles};
+
+type AB = Autodiff<B>;
+
+fn forward<BB: Backend>(m: &MMDiT<BB>, seed: u64) -> Tensor<BB, 4> {
+    m.forward(
+        noise(seed, [2, 4, 8, 8]),
+        Tensor::from_floats([900.0, 250.0], &Default::default()),
+        noise(seed + 1, [2, 5, 12]),
+        noise(seed + 2, [2, 10]),
+    )
+    .unwrap()
+}
+
+fn same<BB: Backend, const D: usize>(a: Tensor<BB, D>, b: Tensor<BB, D>) -> f32 {
+    (a - b).abs().max().into_scalar().elem()
+}
+
+/// The model with every B factor set to small noise, as after some training.
+fn trained<BB: Backend>(m: MMDiT<BB>) -> MMDiT<BB> {
+    let tensors = m
+        .lora_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, t))| {
+            let t =
+                if name.ends_with("lora_B") { noise(100 + i as u64, t.dims()) * 0.1 } else { t };
+            (name, t)
+        })
+        .collect();
+    m.with_lora_tensors(tensors).unwrap()
+}
+
+#[test]
+fn fresh_adapters_leave_the_output_unchanged_and_follow_peft_targets() {
+    let base: MMDiT<B> = tiny_config().init(&Default::default()).unwrap().materialize();
+    let adapted = base.clone().with_lora(&LoraConfig::new().with_rank(4)).unwrap();
+    assert_eq!(same(forward(&base, 1), forward(&adapted, 1)), 0.0);
+    let names: Vec<String> = adapted.adapters().into_iter().map(|(n, _)| n).collect();
+    // 8 joint-attention projections per block, 7 in the context-pre-only last block; no attn2.
+    assert_eq!(names.len(), 8 + 8 + 7);
+    assert!(names.contains(&"transformer_blocks.0.attn.to_out.0".to_string()));
+    assert!(names.iter().all(|n| !n.contains("attn2")));
+    // A ~ N(0, (1/r)^2), B = 0.
+    let (_, l) = &adapted.adapters()[0];
+    let a: Vec<f32> = l.lora_a.val().into_data().to_vec().unwrap();
+    let std = (a.iter().map(|v| v * v).sum::<f32>() / a.len() as f32).sqrt();
+    assert!((std - 0.25).abs() < 0.05, "std of A = {std}, expected 1/r = 0.25");
+    assert_eq!(l.lora_b.val().abs().max().into_scalar().elem::<f32>(), 0.0);
+
+    let attn2 = LoraConfig::new().with_target_modules(vec!["attn2.to_q".into()]);
+    let names: Vec<String> =
+        base.clone().with_lora(&attn2).unwrap().adapters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["transformer_blocks.0.attn2.to_q".to_string()]);
+    let bad = LoraConfig::new().with_target_modules(vec!["ff.net.0.proj".into()]);
+    let err = base.clone().with_lora(&bad).unwrap_err().to_string();
+    assert!(err.contains("target_modules") && err.contains("ff.net.0.proj"), "{err}");
+    let err = base.with_lora(&LoraConfig::new().with_rank(0)).unwrap_err().to_string();
+    assert!(err.contains("lora.rank"), "{err}");
+}
+
+#[test]
+fn only_adapter_weights_change_after_optimizer_steps() {
+    let device = Default::default();
+    let model: MMDiT<AB> =
+        tiny_config().init(&device).unwrap().with_lora(&LoraConfig::new().with_rank(4)).unwrap();
+    let base_before: Vec<_> = export_params(&model.adapters_off());
+    let lora_before = model.lora_tensors();
+    let mut opt = AdamW::<B>::new(AdamWConfig::new().with_lr(1e-2));
+    let mut model = model;
+    let target: Tensor<AB, 4> = noise(7, [2, 4, 8, 8]);
+    for _ in 0..3 {
+        let loss = (forward(&model, 3) - target.clone()).square().mean();
+        let grads = loss.backward();
+        let params: Vec<(String, Tensor<B, 2>)> =
+            model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
+        let g: BTreeMap<String, Tensor<B, 2>> = model
+            .lora_tensors()
+            .into_iter()
+            .map(|(n, t)| (n.clone(), t.grad(&grads).unwrap_or_else(|| panic!("no grad: {n}"))))
+            .collect();
+        let updated = opt.step(params, &g).unwrap();
+        let updated = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
+        model = model.with_lora_tensors(updated).unwrap();
+    }
+    let base_after = export_params(&model.adapters_off());
+    assert_eq!(base_before.len(), base_after.len());
+    for ((name, _, before), (_, _, after)) in base_before.iter().zip(&base_after) {
+        assert_eq!(before, after, "frozen parameter {name} changed");
+    }
+    for ((name, before), (_, after)) in lora_before.into_iter().zip(model.lora_tensors()) {
+        // The last block drops the text stream after attention, so its text queries get no
+        // gradient: B stays 0 and A moves by weight decay only (as in diffusers + PEFT).
+        if name == "transformer_blocks.2.attn.add_q_proj.lora_B" {
+            assert_eq!(same(before, after), 0.0);
+            continue;
+        }
+        assert!(same(before, after) > 0.0, "adapter factor {name} did not change");
+    }
+}
+
+#[test]
+fn merged_and_peft_round_tripped_models_match_the_adapted_forward() {
+    let config = LoraConfig::new().with_rank(4).with_alpha(8.0);
+    let base: MMDiT<B> = tiny_config().init(&Default::default()).unwrap().materialize();
+    let adapted = trained(base.clone().with_lora(&config).unwrap());
+    let expected = forward(&adapted, 5);
+    assert!(same(expected.clone(), forward(&base, 5)) > 1e-3, "the adapters must matter here");
+
+    // Merged weights give the same function; saved as diffusers and reloaded, too.
+    let merged = adapted.clone().merge_lora();
+    assert!(!merged.has_lora());
+    assert!(same(forward(&merged, 5), expected.clone()) < 1e-5);
+    let dir = scratch("lora-merge");
+    let err = adapted.save_diffusers(&dir).unwrap_err().to_string();
+    assert!(err.contains("merge_lora"), "{err}");
+    merged.save_diffusers(&dir).unwrap();
+    let reloaded = MMDiT::<B>::load(&dir, &Default::default()).unwrap();
+    assert!(same(forward(&reloaded, 5), expected.clone()) < 1e-5);
+
+    // PEFT export: key names and PyTorch shapes, config fields, and an exact round trip.
+    let peft = scratch("lora-peft");
+    adapted.save_peft(&peft, &config).unwrap();
+    let files = WeightFiles::open(&peft.join("adapter_model.safetensors")).unwrap();
+    let a = files.info("base_model.model.transformer_blocks.1.attn.to_q.lora_A.weight").unwrap();
+    let b =
+        files.info("base_model.model.transformer_blocks.2.attn.add_v_proj.lora_B.weight").unwrap();
+    assert_eq!((a.shape.clone(), b.shape.clone()), (vec![4, 16], vec![16, 4]));
+    assert_eq!(files.keys().count(), 2 * 23);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(peft.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["peft_type"], "LORA");
+    assert_eq!(json["r"], 4);
+    assert_eq!(json["lora_alpha"], 8.0);
+    assert_eq!(json["target_modules"].as_array().unwrap().len(), 8);
+    let (loaded, loaded_config) = base.clone().load_peft(&peft).unwrap();
+    assert_eq!(loaded_config.rank, 4);
+    assert_eq!(same(forward(&loaded, 5), expected), 0.0);
+
+    // A folder for other targets is refused with every problem named.
+    let other = LoraConfig::new().with_rank(2);
+    let wrong = scratch("lora-peft-wrong");
+    base.clone().with_lora(&other).unwrap().save_peft(&wrong, &other).unwrap();
+    std::fs::copy(wrong.join("adapter_config.json"), peft.join("adapter_config.json")).unwrap();
+    let err = base.load_peft(&peft).unwrap_err().to_string();
+    assert!(err.contains("expected shape [2, 16], found [4, 16]"), "{err}");
+}
+
+#[test]
+fn adamw_matches_torch_rule_by_hand() {
+    let device = Default::default();
+    let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.01);
+    let config = AdamWConfig::new()
+        .with_lr(lr)
+        .with_beta1(b1)
+        .with_beta2(b2)
+        .with_eps(eps)
+        .with_weight_decay(wd);
+    let mut opt = AdamW::<B>::new(config);
+    let mut p = vec![1.0f64, -2.0];
+    let grads = [[0.5f64, -0.25], [-1.0, 0.75]];
+    let (mut m, mut v) = ([0.0f64; 2], [0.0f64; 2]);
+    let mut tensor = Tensor::<B, 2>::from_floats([[1.0, -2.0]], &device);
+    for (t, g) in grads.iter().enumerate() {
+        let t = t as i32 + 1;
+        for i in 0..2 {
+            p[i] -= lr * wd * p[i];
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            let (mh, vh) = (m[i] / (1.0 - b1.powi(t)), v[i] / (1.0 - b2.powi(t)));
+            p[i] -= lr * mh / (vh.sqrt() + eps);
+        }
+        let g = BTreeMap::from([(
+            "w".to_string(),
+            Tensor::<B, 2>::from_floats([[g[0] as f32, g[1] as f32]], &device),
+        )]);
+        tensor = opt.step(vec![("w".into(), tensor)], &g).unwrap().remove(0).1;
+    }
+    let got: Vec<f32> = tensor.into_data().to_vec().unwrap();
+    assert!((got[0] as f64 - p[0]).abs() < 1e-6 && (got[1] as f64 - p[1]).abs() < 1e-6);
+    assert_eq!(opt.step, 2);
+    let missing = opt.step(vec![("x".into(), Tensor::zeros([1, 1], &device))], &BTreeMap::new());
+    assert!(missing.unwrap_err().to_string().contains("`x`"));
+}
+
+#[test]
+fn global_norm_clipping_by_hand() {
+    let device = Default::default();
+    let mut g = BTreeMap::from([
+        ("a".to_string(), Tensor::<B, 2>::from_floats([[3.0]], &device)),
+        ("b".to_string(), Tensor::<B, 2>::from_floats([[0.0, 4.0]], &device)),
+    ]);
+    let norm = clip_global_norm(&mut g, 1.0);
+    assert!((norm - 5.0).abs() < 1e-9);
+    let a: f32 = g["a"].clone().into_scalar().elem();
+    assert!((a - 0.6).abs() < 1e-6, "{a}");
+    // Below the limit nothing changes.
+    let norm = clip_global_norm(&mut g, 10.0);
+    assert!((norm - 1.0).abs() < 1e-5);
+    assert!((g["a"].clone().into_scalar().elem::<f32>() - a).abs() == 0.0);
+}

@@ -1,0 +1,138 @@
+//! The embedded toy task: prompts, renderer, scorer (checked on hand-built scenes) and the
+//! text encoder.
+
+use tpgrpo::reward::{score_checked, Image, Prompt, Reward};
+use tpgrpo::toy::draw::{layout, paint, Placed};
+use tpgrpo::toy::prompt::{all_scenes, Color, Include, Relation, Shape};
+use tpgrpo::toy::scorer::{detect, score_scene, COLOR_ONLY_CREDIT};
+use tpgrpo::toy::text::tokenize;
+use tpgrpo::toy::{prompts, render, Scene, Split, ToyScorer};
+
+fn obj(shape: Shape, color: Color, x: usize, y: usize, side: usize) -> Placed {
+    Placed { shape, rgb: color.rgb(), x, y, side }
+}
+
+fn scene(include: Vec<Include>) -> Scene {
+    Scene { tag: "test".into(), include }
+}
+
+fn group(color: Color, class: Shape, count: usize) -> Include {
+    Include { class, color, count, position: None }
+}
+
+#[test]
+fn prompt_texts_and_splits() {
+    let scenes = all_scenes();
+    assert_eq!(scenes.len(), 36 + 66 + 264);
+    let texts: Vec<String> = scenes.iter().map(Scene::text).collect();
+    assert!(texts.contains(&"two red circles".to_string()));
+    assert!(texts.contains(&"a red circle and a blue square".to_string()));
+    // GenEval order: the anchor is listed first, the placed object (with `position`) second.
+    assert!(texts.contains(&"a blue square above a red circle".to_string()));
+    let unique: std::collections::BTreeSet<&String> = texts.iter().collect();
+    assert_eq!(unique.len(), texts.len(), "every scene has its own prompt");
+    let (train, eval) = (prompts(Split::Train), prompts(Split::Eval));
+    assert_eq!(train.len() + eval.len(), scenes.len());
+    assert!(eval.iter().all(|p| !train.contains(p)));
+    for p in train.iter().chain(&eval) {
+        assert_eq!(&Scene::from_prompt(p).unwrap().text(), &p.text);
+        assert!(tokenize(&p.text).is_ok(), "{}", p.text);
+    }
+}
+
+#[test]
+fn hand_placed_shapes_are_detected() {
+    let image = paint(&[
+        obj(Shape::Square, Color::Red, 2, 2, 9),
+        obj(Shape::Circle, Color::Blue, 18, 3, 10),
+        obj(Shape::Triangle, Color::Yellow, 10, 20, 11),
+    ]);
+    let mut found = detect(&image);
+    found.sort_by(|a, b| a.cy.total_cmp(&b.cy).then(a.cx.total_cmp(&b.cx)));
+    let summary: Vec<(Color, Shape)> = found.iter().map(|d| (d.color, d.shape)).collect();
+    assert_eq!(
+        summary,
+        vec![
+            (Color::Red, Shape::Square),
+            (Color::Blue, Shape::Circle),
+            (Color::Yellow, Shape::Triangle)
+        ]
+    );
+    assert_eq!(found[0].area, 81);
+    assert!((found[0].cx - 6.5).abs() < 1e-6 && (found[0].cy - 6.5).abs() < 1e-6);
+}
+
+#[test]
+fn rendered_scenes_score_one() {
+    for (i, s) in all_scenes().iter().enumerate() {
+        for seed in 0..3 {
+            let score = score_scene(s, &detect(&render(s, seed * 1000 + i as u64)));
+            assert_eq!(score, 1.0, "{} (seed {seed})", s.text());
+        }
+    }
+}
+
+#[test]
+fn partial_credit_by_hand() {
+    let red_circle = obj(Shape::Circle, Color::Red, 2, 2, 10);
+    let red_circle2 = obj(Shape::Circle, Color::Red, 18, 2, 10);
+    let red_square = obj(Shape::Square, Color::Red, 2, 18, 9);
+    let blue_square = obj(Shape::Square, Color::Blue, 18, 18, 9);
+    let two_red_circles = scene(vec![group(Color::Red, Shape::Circle, 2)]);
+    // Counting: 1 of 2 -> 1 - 1/2; 3 of 2 -> 1 - 1/2; none but a red square -> colour credit.
+    let score = |s: &Scene, objs: &[Placed]| score_scene(s, &detect(&paint(objs)));
+    assert_eq!(score(&two_red_circles, &[red_circle]), 0.5);
+    assert_eq!(score(&two_red_circles, &[red_circle, red_circle2]), 1.0);
+    let three = [red_circle, red_circle2, obj(Shape::Circle, Color::Red, 2, 18, 10)];
+    assert_eq!(score(&two_red_circles, &three), 0.5);
+    assert_eq!(score(&two_red_circles, &[red_square]), COLOR_ONLY_CREDIT);
+    assert_eq!(score(&two_red_circles, &[blue_square]), 0.0);
+    // Position: "a blue square above a red circle" = [red circle, blue square above #0].
+    let above =
+        Include { position: Some((Relation::Above, 0)), ..group(Color::Blue, Shape::Square, 1) };
+    let pos = scene(vec![group(Color::Red, Shape::Circle, 1), above]);
+    let low_blue = obj(Shape::Square, Color::Blue, 2, 20, 9);
+    let high_blue = obj(Shape::Square, Color::Blue, 20, 1, 9);
+    let low_red = obj(Shape::Circle, Color::Red, 20, 20, 10);
+    assert_eq!(score(&pos, &[low_red, high_blue]), 1.0);
+    assert_eq!(score(&pos, &[red_circle, low_blue]), 2.0 / 3.0);
+    assert_eq!(score(&pos, &[red_circle]), 1.0 / 3.0);
+}
+
+#[test]
+fn layouts_respect_relations_and_do_not_overlap() {
+    for s in all_scenes().iter().filter(|s| s.tag == "position").take(40) {
+        let objs = layout(s, 7);
+        assert_eq!(objs.len(), 2);
+        let (a, b) = (objs[0], objs[1]);
+        let (ac, bc) = (a.y as f32 + a.side as f32 / 2.0, b.y as f32 + b.side as f32 / 2.0);
+        let (ax, bx) = (a.x as f32 + a.side as f32 / 2.0, b.x as f32 + b.side as f32 / 2.0);
+        match s.include[1].position.unwrap().0 {
+            Relation::Above => assert!(bc < ac),
+            Relation::Below => assert!(bc > ac),
+            Relation::LeftOf => assert!(bx < ax),
+            Relation::RightOf => assert!(bx > ax),
+        }
+    }
+}
+
+#[test]
+fn scorer_errors_and_non_finite_scores() {
+    let bad = Prompt { text: "two red circles".into(), metadata: serde_json::json!({"x": 1}) };
+    let img = Image { width: 32, height: 32, pixels: vec![0.0; 32 * 32 * 3] };
+    let err = ToyScorer.score(std::slice::from_ref(&img), &[bad]).unwrap_err().to_string();
+    assert!(err.contains("metadata") && err.contains("two red circles"), "{err}");
+    struct Nan;
+    impl Reward for Nan {
+        fn name(&self) -> &str {
+            "nan"
+        }
+        fn score(&self, images: &[Image], _: &[Prompt]) -> tpgrpo::Result<Vec<f64>> {
+            Ok(vec![f64::NAN; images.len()])
+        }
+    }
+    let p = prompts(Split::Train).remove(0);
+    let err = score_checked(&Nan, &[img], &[p]).unwrap_err().to_string();
+    assert!(err.contains("`nan`") && err.contains("NaN"), "{err}");
+    assert!(tokenize("two purple circles").unwrap_err().to_string().contains("\"purple\""));
+}
