@@ -134,7 +134,7 @@ fn merged_and_peft_round_tripped_models_match_the_adapted_forward() {
     // PEFT export: key names and PyTorch shapes, config fields, and an exact round trip.
     let peft = scratch("lora-peft");
     adapted.save_peft(&peft, &config).unwrap();
-    let files = WeightFiles::open(&peft.join("adapter_model.safetensors")).unwrap();
+    let files = WeightFiles::open(peft.join("adapter_model.safetensors")).unwrap();
     let a = files.info("base_model.model.transformer_blocks.1.attn.to_q.lora_A.weight").unwrap();
     let b =
         files.info("base_model.model.transformer_blocks.2.attn.add_v_proj.lora_B.weight").unwrap();
@@ -171,7 +171,7 @@ fn adamw_matches_torch_rule_by_hand() {
         .with_eps(eps)
         .with_weight_decay(wd);
     let mut opt = AdamW::<B>::new(config);
-    let mut p = vec![1.0f64, -2.0];
+    let mut p = [1.0f64, -2.0];
     let grads = [[0.5f64, -0.25], [-1.0, 0.75]];
     let (mut m, mut v) = ([0.0f64; 2], [0.0f64; 2]);
     let mut tensor = Tensor::<B, 2>::from_floats([[1.0, -2.0]], &device);
