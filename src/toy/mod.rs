@@ -116,3 +116,44 @@ impl<B: Backend> ToyModel<B> {
         self.text_encoder.encode(texts)
     }
 }
+
+/// The toy pipeline: the toy text encoder and the identity "VAE".
+#[derive(Debug, Clone)]
+pub struct ToyPipeline<B: Backend> {
+    /// The prompt encoder.
+    pub text_encoder: ToyTextEncoder<B>,
+}
+
+impl<B: Backend> crate::train::Pipeline<B> for ToyPipeline<B> {
+    fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+        self.text_encoder.encode(texts)
+    }
+
+    fn decode(&self, latents: Tensor<B, 4>) -> Result<Vec<Image>> {
+        latents_to_images(latents)
+    }
+
+    fn latent_shape(&self) -> [usize; 3] {
+        [3, IMAGE_SIZE, IMAGE_SIZE]
+    }
+}
+
+/// Training settings of the embedded task: the reference objective and sampler (10 steps,
+/// CPS, alpha 0.7, window 0..9, CFG 4.5), scaled to a 2-core CPU: 8 prompts x 8 samples per
+/// epoch, LoRA rank 8, a larger learning rate, evaluation every 5 epochs on all held-out
+/// prompts.
+pub fn train_config() -> crate::train::TrainConfig {
+    use crate::model::LoraConfig;
+    use crate::train::{AdamWConfig, TrainConfig};
+    TrainConfig::new()
+        .with_epochs(30)
+        .with_prompts_per_epoch(8)
+        .with_group_size(8)
+        .with_rollout_batch(16)
+        .with_train_batch(16)
+        .with_eval_every(5)
+        .with_eval_steps(40)
+        .with_save_every(5)
+        .with_lora(LoraConfig::new().with_rank(8).with_alpha(16.0))
+        .with_optimizer(AdamWConfig::new().with_lr(3e-3))
+}

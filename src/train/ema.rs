@@ -35,16 +35,24 @@ impl<B: Backend> Ema<B> {
     }
 
     /// After optimizer step `step` (1-based): when `step` is a multiple of `every`,
-    /// `ema <- d ema + (1 - d) param` with `d = decay(step)`. Returns whether it updated.
-    pub fn update(&mut self, step: u64, params: &[(String, Tensor<B, 2>)]) -> bool {
+    /// `ema <- d ema + (1 - d) param` with `d = decay(step)`. Returns whether it updated;
+    /// `params` must name the averaged tensors in the same order.
+    pub fn update(&mut self, step: u64, params: &[(String, Tensor<B, 2>)]) -> crate::Result<bool> {
+        let names =
+            |v: &[(String, Tensor<B, 2>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        if names(&self.tensors) != names(params) {
+            return Err(crate::Error::config(
+                "ema",
+                "the averaged tensors are not the trained ones",
+            ));
+        }
         if step % self.config.every != 0 {
-            return false;
+            return Ok(false);
         }
         let d = self.decay(step);
-        for ((name, e), (pname, p)) in self.tensors.iter_mut().zip(params) {
-            debug_assert_eq!(name, pname);
+        for ((_, e), (_, p)) in self.tensors.iter_mut().zip(params) {
             *e = e.clone() * d + p.clone() * (1.0 - d);
         }
-        true
+        Ok(true)
     }
 }

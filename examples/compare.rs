@@ -1,0 +1,137 @@
+//! TP-GRPO against the Flow-GRPO baseline on the embedded toy task: the same seeds, prompts
+//! per epoch, epochs and optimizer steps for both, three seeds each. Writes one PNG with every
+//! held-out reward curve (TP-GRPO red, Flow-GRPO blue; pale lines per seed, saturated the mean) and
+//! a Markdown table, and prints the table.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use burn::module::AutodiffModule;
+use clap::Parser;
+use tpgrpo::backend::{self, TrainBackend};
+use tpgrpo::toy::{self, prompts, Split, ToyModel, ToyPipeline, ToyScorer};
+use tpgrpo::train::plot::{save_chart, Series};
+use tpgrpo::train::{EpochMetrics, Trainer};
+
+/// Command-line options.
+#[derive(Parser, Debug)]
+#[command(about = "TP-GRPO vs Flow-GRPO on the embedded toy task")]
+struct Args {
+    /// Seeds (one run per objective and seed).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+    seeds: Vec<u64>,
+    /// Overrides `key.path=value` applied to both objectives (repeatable).
+    #[arg(long = "set")]
+    sets: Vec<String>,
+    /// Output folder.
+    #[arg(long, default_value = "runs/compare")]
+    out: PathBuf,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `(epoch, held-out reward)` of one run, the mean training reward of its last epoch, its NFE
+/// per sample and its seconds.
+struct Run {
+    evals: Vec<(usize, f64)>,
+    nfe: f64,
+    seconds: f64,
+}
+
+fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
+    let device = backend::device();
+    let sets: Vec<String> =
+        [format!("objective.objective={objective}"), format!("seed={seed}"), "save_every=0".into()]
+            .into_iter()
+            .chain(args.sets.iter().cloned())
+            .collect();
+    let config = toy::train_config().with_sources(None, &sets)?;
+    let toy: ToyModel<TrainBackend> = ToyModel::load(toy::default_dir(), &device)?;
+    let pipeline = ToyPipeline { text_encoder: toy.text_encoder.valid() };
+    let out = args.out.join(format!("{objective}-seed{seed}"));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut trainer = Trainer::new(
+        config,
+        toy.transformer,
+        pipeline,
+        Box::new(ToyScorer),
+        prompts(Split::Train),
+        prompts(Split::Eval),
+        &out,
+    )?;
+    let history: Vec<EpochMetrics> = trainer.train(|m| {
+        if let Some(r) = m.eval_reward {
+            println!("  {objective} seed {seed} epoch {:3}: held-out {r:.4}", m.epoch);
+        }
+    })?;
+    let trained = &history[1..];
+    Ok(Run {
+        evals: history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect(),
+        nfe: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>() / trained.len() as f64,
+        seconds: trained.iter().map(|m| m.seconds).sum(),
+    })
+}
+
+fn mean_curve(runs: &[Run]) -> Vec<(f64, f64)> {
+    let epochs: Vec<usize> = runs[0].evals.iter().map(|e| e.0).collect();
+    epochs
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| {
+            (e as f64, runs.iter().map(|r| r.evals[i].1).sum::<f64>() / runs.len() as f64)
+        })
+        .collect()
+}
+
+fn run(args: Args) -> tpgrpo::Result<()> {
+    let objectives = [("tp-grpo", [220u8, 60, 40]), ("flow-grpo", [50, 90, 220])];
+    let mut table = String::from(
+        "| objective | seed | held-out before | held-out after | change | NFE / sample | train seconds |\n|---|---|---|---|---|---|---|\n",
+    );
+    let mut series = Vec::new();
+    let mut summary = Vec::new();
+    for (objective, color) in objectives {
+        let mut runs = Vec::new();
+        for &seed in &args.seeds {
+            println!("{objective}, seed {seed}");
+            let r = run_one(objective, seed, &args)?;
+            let (first, last) = (r.evals[0].1, r.evals[r.evals.len() - 1].1);
+            writeln!(
+                table,
+                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {:.0} | {:.0} |",
+                last - first,
+                r.nfe,
+                r.seconds
+            )
+            .expect("string");
+            let faint = color.map(|c| c / 2 + 127);
+            series.push(Series {
+                color: faint,
+                points: r.evals.iter().map(|&(e, v)| (e as f64, v)).collect(),
+            });
+            runs.push(r);
+        }
+        let curve = mean_curve(&runs);
+        let (first, last) = (curve[0].1, curve[curve.len() - 1].1);
+        summary.push(format!(
+            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | |",
+            last - first
+        ));
+        series.push(Series { color, points: curve });
+    }
+    for line in summary {
+        writeln!(table, "{line}").expect("string");
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| tpgrpo::Error::io(&args.out, e))?;
+    save_chart(&args.out.join("compare.png"), &series)?;
+    let path = args.out.join("results.md");
+    std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
+    println!("\n{table}");
+    println!("chart: {}", args.out.join("compare.png").display());
+    Ok(())
+}

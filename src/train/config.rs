@@ -1,0 +1,195 @@
+//! The trainer's configuration: reference defaults, a JSON file and `key.path=value`
+//! overrides, every invalid value rejected with its field's name.
+
+use std::path::Path;
+
+use burn::prelude::*;
+use serde_json::Value;
+
+use super::ema::EmaConfig;
+use super::optim::AdamWConfig;
+use crate::grpo::ObjectiveConfig;
+use crate::model::LoraConfig;
+use crate::sampler::RolloutConfig;
+
+/// Everything a training run needs besides the model, prompts and reward (defaults: the
+/// TP-GRPO SD3.5-medium launch scripts, for one process).
+#[derive(Config, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Epochs to run (an epoch: sample, credit, update).
+    #[config(default = 100)]
+    pub epochs: usize,
+    /// Distinct prompts per epoch.
+    #[config(default = 48)]
+    pub prompts_per_epoch: usize,
+    /// Samples per prompt (the group of the advantages).
+    #[config(default = 24)]
+    pub group_size: usize,
+    /// Samples per rollout forward pass.
+    #[config(default = 8)]
+    pub rollout_batch: usize,
+    /// Samples per training micro-batch.
+    #[config(default = 8)]
+    pub train_batch: usize,
+    /// Optimizer steps per epoch; the epoch's samples are split evenly between them.
+    #[config(default = 2)]
+    pub optimizer_steps_per_epoch: usize,
+    /// Global gradient-norm limit.
+    #[config(default = 1.0)]
+    pub max_grad_norm: f64,
+    /// Evaluate every this many epochs (and before the first and after the last); 0: never.
+    #[config(default = 10)]
+    pub eval_every: usize,
+    /// ODE steps of the evaluation samples.
+    #[config(default = 40)]
+    pub eval_steps: usize,
+    /// Held-out prompts evaluated (the first ones of the split); 0: all.
+    #[config(default = 0)]
+    pub eval_prompts: usize,
+    /// Write a checkpoint every this many epochs (and after the last); 0: only at the end.
+    #[config(default = 10)]
+    pub save_every: usize,
+    /// Seed of prompt choice and every noise draw.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// Sampler of the rollouts.
+    #[config(default = "RolloutConfig::new()")]
+    pub rollout: RolloutConfig,
+    /// TP-GRPO or Flow-GRPO objective.
+    #[config(default = "ObjectiveConfig::new()")]
+    pub objective: ObjectiveConfig,
+    /// LoRA adapters.
+    #[config(default = "LoraConfig::new()")]
+    pub lora: LoraConfig,
+    /// AdamW.
+    #[config(default = "AdamWConfig::new()")]
+    pub optimizer: AdamWConfig,
+    /// EMA of the adapters.
+    #[config(default = "EmaConfig::new()")]
+    pub ema: EmaConfig,
+}
+
+fn err(field: &str, message: impl Into<String>) -> crate::Error {
+    crate::Error::config(field, message)
+}
+
+/// Sets `path` (dotted) in `value` to `new`; an unknown field is an error listing the known
+/// ones.
+fn set_path(value: &mut Value, path: &str, new: Value) -> crate::Result<()> {
+    let mut node = value;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let here = parts[..=i].join(".");
+        let object = node
+            .as_object_mut()
+            .ok_or_else(|| err(&parts[..i].join("."), "is not a group of options"))?;
+        if !object.contains_key(*part) {
+            let known: Vec<&String> = object.keys().collect();
+            return Err(err(&here, format!("unknown option (known here: {known:?})")));
+        }
+        if i + 1 == parts.len() {
+            object.insert(part.to_string(), new);
+            return Ok(());
+        }
+        node = object.get_mut(*part).expect("checked");
+    }
+    Ok(())
+}
+
+/// Every leaf of a JSON object as `(dotted path, value)`.
+fn leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                leaves(&path, v, out);
+            }
+        }
+        _ => out.push((prefix.to_string(), value.clone())),
+    }
+}
+
+impl TrainConfig {
+    /// These settings with the fields of the JSON file `file` (any subset, nested like the
+    /// struct) and then the `key.path=value` overrides applied (`value` is JSON, or a bare
+    /// string); validated.
+    pub fn with_sources(&self, file: Option<&Path>, overrides: &[String]) -> crate::Result<Self> {
+        let mut updates = Vec::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
+            let json: Value = serde_json::from_str(&text)
+                .map_err(|e| crate::Error::format(path, e.to_string()))?;
+            if !json.is_object() {
+                return Err(crate::Error::format(path, "expected a JSON object"));
+            }
+            leaves("", &json, &mut updates);
+        }
+        for o in overrides {
+            let (key, raw) =
+                o.split_once('=').ok_or_else(|| err(o, "an override is written key.path=value"))?;
+            let v = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
+            updates.push((key.trim().to_string(), v));
+        }
+        let mut value = serde_json::to_value(self).expect("config serialises");
+        for (key, v) in updates {
+            set_path(&mut value, &key, v.clone())?;
+            if let Err(e) = serde_json::from_value::<Self>(value.clone()) {
+                return Err(err(&key, format!("invalid value {v}: {e}")));
+            }
+        }
+        let config: Self = serde_json::from_value(value).expect("checked key by key");
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field, naming the first invalid one.
+    pub fn validate(&self) -> crate::Result<()> {
+        let positive = [
+            ("epochs", self.epochs),
+            ("prompts_per_epoch", self.prompts_per_epoch),
+            ("rollout_batch", self.rollout_batch),
+            ("train_batch", self.train_batch),
+            ("optimizer_steps_per_epoch", self.optimizer_steps_per_epoch),
+            ("eval_steps", self.eval_steps),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(err(field, "must be at least 1"));
+            }
+        }
+        if self.group_size < 2 {
+            return Err(err("group_size", "a group needs at least 2 samples"));
+        }
+        let samples = self.prompts_per_epoch * self.group_size;
+        if samples < self.optimizer_steps_per_epoch {
+            return Err(err(
+                "optimizer_steps_per_epoch",
+                format!("{} steps for {samples} samples per epoch", self.optimizer_steps_per_epoch),
+            ));
+        }
+        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
+            return Err(err("max_grad_norm", "must be positive"));
+        }
+        let o = &self.optimizer;
+        let checks = [
+            ("optimizer.lr", o.lr > 0.0),
+            ("optimizer.beta1", (0.0..1.0).contains(&o.beta1)),
+            ("optimizer.beta2", (0.0..1.0).contains(&o.beta2)),
+            ("optimizer.eps", o.eps > 0.0),
+            ("optimizer.weight_decay", o.weight_decay >= 0.0),
+            ("ema.max_decay", (0.0..1.0).contains(&self.ema.max_decay)),
+            ("ema.every", self.ema.every > 0),
+        ];
+        for (field, ok) in checks {
+            if !ok {
+                return Err(err(field, "out of range"));
+            }
+        }
+        self.rollout.schedule().map_err(|e| match e {
+            crate::Error::Config { field, message } => err(&format!("rollout.{field}"), message),
+            other => other,
+        })?;
+        self.objective.validate()?;
+        self.lora.validate()
+    }
+}

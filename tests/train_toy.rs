@@ -1,0 +1,164 @@
+//! The trainer end to end on the embedded toy task (ndarray, tiny settings): the loop runs,
+//! a run of 2 + 2 epochs with a resume in the middle equals a run of 4 epochs, metrics lines
+//! carry every field, and checkpoints, sample grids and the reward curve are written.
+
+mod common;
+
+use std::path::Path;
+
+use burn::module::AutodiffModule;
+use tpgrpo::backend::{Backend as B, TrainBackend};
+use tpgrpo::toy::{self, prompts, Split, ToyModel, ToyPipeline, ToyScorer};
+use tpgrpo::train::{EpochMetrics, TrainConfig, Trainer, FIELDS};
+
+fn config(epochs: usize, objective: &str) -> TrainConfig {
+    let sets: Vec<String> = [
+        format!("epochs={epochs}"),
+        "prompts_per_epoch=2".into(),
+        "group_size=3".into(),
+        "rollout_batch=4".into(),
+        "train_batch=4".into(),
+        "rollout.num_steps=4".into(),
+        "rollout.window_size=2".into(),
+        "eval_every=2".into(),
+        "eval_steps=4".into(),
+        "eval_prompts=4".into(),
+        "save_every=2".into(),
+        "seed=1".into(),
+        format!("objective.objective={objective}"),
+    ]
+    .into();
+    toy::train_config().with_sources(None, &sets).unwrap()
+}
+
+fn trainer(cfg: TrainConfig, out: &Path) -> Trainer<TrainBackend, ToyPipeline<B>> {
+    let model: ToyModel<TrainBackend> =
+        ToyModel::load(toy::default_dir(), &Default::default()).unwrap();
+    let pipeline = ToyPipeline { text_encoder: model.text_encoder.valid() };
+    Trainer::new(
+        cfg,
+        model.transformer,
+        pipeline,
+        Box::new(ToyScorer),
+        prompts(Split::Train),
+        prompts(Split::Eval),
+        out,
+    )
+    .unwrap()
+}
+
+fn factors(t: &Trainer<TrainBackend, ToyPipeline<B>>) -> Vec<(String, Vec<f32>)> {
+    let lora = t.model.lora_tensors().into_iter().map(|(n, x)| (n, x.inner()));
+    lora.chain(t.ema.tensors.clone())
+        .map(|(n, x)| (n, x.into_data().to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+fn without_time(lines: &[EpochMetrics]) -> Vec<EpochMetrics> {
+    lines.iter().map(|m| EpochMetrics { seconds: 0.0, ..m.clone() }).collect()
+}
+
+#[test]
+fn tp_grpo_runs_and_resumes_identically() {
+    let straight = common::scratch("train-straight");
+    let mut a = trainer(config(4, "tp-grpo"), &straight);
+    let history = a.train(|_| {}).unwrap();
+    assert_eq!(history.len(), 5, "the evaluation before training plus 4 epochs");
+    // Two optimizer steps per epoch with an informative sample (an epoch whose advantages
+    // are all zero has nothing to learn and makes no step).
+    let informative = history[1..].iter().filter(|m| m.samples_used > 0).count();
+    assert!(informative > 0, "no epoch had a reward signal: {history:?}");
+    assert_eq!(a.optimizer.step, 2 * informative as u64);
+    for m in &history[1..] {
+        assert!(m.reward_mean.is_finite() && m.ratio_mean.is_finite());
+        // 4 rollout steps + completions from steps 0 and 1 (4 + 3 evaluations).
+        assert_eq!(m.nfe_per_sample, 11.0);
+        assert_eq!(m.samples_used + m.samples_dropped, 6);
+    }
+    assert!(history[0].eval_reward.is_some() && history[2].eval_reward.is_some());
+    assert!(history[1].eval_reward.is_none());
+    // The first update of an epoch re-scores the sampling policy: ratio 1 up to f32 noise.
+    // (The second step of an epoch sees moved weights, so the mean is over both.)
+    let first = history[1..].iter().find(|m| m.samples_used > 0).unwrap();
+    assert!((first.ratio_mean - 1.0).abs() < 1e-2, "{}", first.ratio_mean);
+
+    let split = common::scratch("train-split");
+    let mut b = trainer(config(2, "tp-grpo"), &split);
+    b.train(|_| {}).unwrap();
+    let mut b = trainer(config(4, "tp-grpo"), &split);
+    b.resume().unwrap();
+    assert_eq!(b.epoch, 2);
+    b.train(|_| {}).unwrap();
+    let differing: Vec<(String, f32)> = factors(&a)
+        .into_iter()
+        .zip(factors(&b))
+        .map(|((n, x), (_, y))| {
+            (n, x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max))
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "2 + 2 epochs differ from 4 (max |diff| by tensor): {differing:?}"
+    );
+    let read =
+        |dir: &Path| tpgrpo::train::metrics::read_metrics(&dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(without_time(&read(&straight)), without_time(&read(&split)));
+
+    // Every metrics line has every field.
+    let text = std::fs::read_to_string(straight.join("metrics.jsonl")).unwrap();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for f in FIELDS {
+            assert!(v.get(f).is_some(), "metrics line lacks `{f}`: {line}");
+        }
+    }
+    for f in [
+        "checkpoints/latest",
+        "checkpoints/epoch-00004/adapter/adapter_model.safetensors",
+        "checkpoints/epoch-00004/adapter/adapter_config.json",
+        "checkpoints/epoch-00004/ema/adapter_model.safetensors",
+        "checkpoints/epoch-00004/state.safetensors",
+        "checkpoints/epoch-00002/trainer_state.json",
+        "samples/epoch-00000.png",
+        "samples/epoch-00004.png",
+        "reward_curve.png",
+    ] {
+        assert!(straight.join(f).is_file(), "{f} missing");
+    }
+    assert!(image::open(straight.join("samples/epoch-00000.png")).is_ok());
+
+    // Resuming with other settings is refused and names the problem.
+    let mut c = trainer(config(4, "flow-grpo"), &split);
+    let err = c.resume().unwrap_err().to_string();
+    assert!(err.contains("other settings"), "{err}");
+}
+
+#[test]
+fn flow_grpo_baseline_runs() {
+    let out = common::scratch("train-flow");
+    let mut t = trainer(config(1, "flow-grpo"), &out);
+    let history = t.train(|_| {}).unwrap();
+    let m = &history[1];
+    assert_eq!(m.objective, "flow-grpo");
+    assert_eq!(m.turning_points, 0);
+    assert_eq!(m.nfe_per_sample, 4.0, "no ODE completions");
+}
+
+#[test]
+fn invalid_settings_name_the_field() {
+    let base = toy::train_config();
+    let cases = [
+        ("group_size=1", "group_size"),
+        ("rollout.window_size=10", "rollout.window_size"),
+        ("lora.rank=0", "lora.rank"),
+        ("optimizer.lr=-1", "optimizer.lr"),
+        ("objective.objective=ppo", "objective.objective"),
+        ("nonsense=3", "nonsense"),
+        ("lora.nope=3", "lora.nope"),
+    ];
+    for (set, field) in cases {
+        let err = base.with_sources(None, &[set.to_string()]).unwrap_err().to_string();
+        assert!(err.contains(field), "{set}: {err}");
+    }
+}
