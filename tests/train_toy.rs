@@ -18,6 +18,7 @@ fn config(epochs: usize, objective: &str) -> TrainConfig {
         "group_size=3".into(),
         "rollout_batch=4".into(),
         "train_batch=4".into(),
+        "optimizer_steps_per_epoch=2".into(),
         "rollout.num_steps=4".into(),
         "rollout.window_size=2".into(),
         "eval_every=2".into(),
@@ -160,5 +161,69 @@ fn invalid_settings_name_the_field() {
     for (set, field) in cases {
         let err = base.with_sources(None, &[set.to_string()]).unwrap_err().to_string();
         assert!(err.contains(field), "{set}: {err}");
+    }
+}
+
+/// Mean brightness: a reward whose optimum is obvious, to check the update's direction.
+struct Brightness;
+
+impl tpgrpo::reward::Reward for Brightness {
+    fn name(&self) -> &str {
+        "brightness"
+    }
+    fn score(
+        &self,
+        images: &[tpgrpo::reward::Image],
+        _: &[tpgrpo::reward::Prompt],
+    ) -> tpgrpo::Result<Vec<f64>> {
+        Ok(images
+            .iter()
+            .map(|im| im.pixels.iter().map(|&v| v as f64).sum::<f64>() / im.pixels.len() as f64)
+            .collect())
+    }
+}
+
+#[test]
+fn updates_move_the_reward_up() {
+    for objective in ["tp-grpo", "flow-grpo"] {
+        let sets: Vec<String> = [
+            "epochs=6",
+            "prompts_per_epoch=2",
+            "group_size=6",
+            "rollout_batch=12",
+            "train_batch=12",
+            "rollout.num_steps=4",
+            "rollout.window_size=2",
+            "optimizer_steps_per_epoch=1",
+            "eval_every=6",
+            "eval_steps=4",
+            "eval_prompts=8",
+            "save_every=0",
+            "ema.every=1",
+            "optimizer.lr=0.01",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("objective.objective={objective}")])
+        .collect();
+        let cfg = toy::train_config().with_sources(None, &sets).unwrap();
+        let model: ToyModel<TrainBackend> =
+            ToyModel::load(toy::default_dir(), &Default::default()).unwrap();
+        let pipeline = ToyPipeline { text_encoder: model.text_encoder.valid() };
+        let out = common::scratch(&format!("train-bright-{objective}"));
+        let mut t = Trainer::new(
+            cfg,
+            model.transformer,
+            pipeline,
+            Box::new(Brightness),
+            prompts(Split::Train),
+            prompts(Split::Eval),
+            &out,
+        )
+        .unwrap();
+        let h = t.train(|_| {}).unwrap();
+        let (before, after) = (h[0].eval_reward.unwrap(), h[6].eval_reward.unwrap());
+        eprintln!("{objective}: brightness {before:.4} -> {after:.4}");
+        assert!(after > before + 0.01, "{objective}: brightness {before:.4} -> {after:.4}");
     }
 }
