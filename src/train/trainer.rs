@@ -86,6 +86,33 @@ struct Batch<B: Backend> {
     nfe: usize,
 }
 
+/// Turning-point counts and advantages of an epoch.
+#[derive(Default)]
+struct Credit {
+    /// `[sample][trained step]`.
+    advantages: Vec<Vec<f64>>,
+    /// Turning points after balancing.
+    turning_points: usize,
+    /// ... in trajectories with `Delta > 0`.
+    positive: usize,
+    /// ... in trajectories with `Delta < 0`.
+    negative: usize,
+    /// Turning points before balancing.
+    candidates: usize,
+}
+
+/// Loss statistics of every micro-batch and trained step, and the norm of every optimizer step.
+#[derive(Default)]
+struct UpdateStats {
+    ratio: Vec<f64>,
+    above: Vec<f64>,
+    below: Vec<f64>,
+    approx_kl: Vec<f64>,
+    kl: Vec<f64>,
+    loss: Vec<f64>,
+    grad_norm: Vec<f64>,
+}
+
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
     pb.set_style(
@@ -293,139 +320,43 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         pb.set_message("rollouts");
         let batch = self.sample(epoch, pb)?;
         let total = batch.rewards.len();
-        let window = cfg.rollout.window();
-        let n = window.len();
 
-        // Credit and advantages.
         let finals: Vec<f64> =
             batch.rewards.iter().map(|r| *r.last().expect("non-empty")).collect();
-        let (mut tps, mut pos, mut neg, mut candidates) = (0, 0, 0, 0);
-        let advantages: Vec<Vec<f64>> = match obj.objective {
-            Objective::TpGrpo => {
-                let credits = credit_batch(&batch.rewards, obj)?;
-                for c in &credits {
-                    let count = c.turning_points.iter().filter(|&&t| t).count();
-                    tps += count;
-                    candidates += c.candidate_turning_points.iter().filter(|&&t| t).count();
-                    if c.delta > 0.0 {
-                        pos += count;
-                    } else {
-                        neg += count;
-                    }
-                }
-                let credited: Vec<Vec<f64>> =
-                    credits.into_iter().map(|c| c.credited_rewards).collect();
-                tp_grpo_advantages(&credited, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
-            }
-            Objective::FlowGrpo => {
-                flow_grpo_advantages(&finals, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
-                    .into_iter()
-                    .map(|a| vec![a; n])
-                    .collect()
-            }
-        };
-        let keep = informative_samples(&advantages);
+        let credit = self.credit(&batch)?;
+        let keep = informative_samples(&credit.advantages);
         let mut used: Vec<usize> = (0..total).filter(|&i| keep[i]).collect();
         let mut rng = SplitMix64(mix(cfg.seed, 0x7A_0000 + epoch as u64));
         for i in (1..used.len()).rev() {
             used.swap(i, rng.range(0, i));
         }
 
-        // Updates: the used samples split over the optimizer steps, each step accumulating the
-        // gradients of its micro-batches over every trained step.
+        // The used samples split over the optimizer steps; each step sums the gradients of its
+        // micro-batches over every trained step.
         pb.set_message("updates");
-        let chunks = cfg.optimizer_steps_per_epoch.min(used.len().max(1));
+        let n = cfg.rollout.window().len();
         pb.set_length((used.len().div_ceil(cfg.train_batch).max(1) * n) as u64);
         pb.set_position(0);
-        let schedule = cfg.rollout.schedule()?;
-        let device = self.model.devices()[0].clone();
-        let (mut ratio, mut above, mut below, mut akl, mut kls, mut losses, mut norms) =
-            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-        let per_chunk = used.len().div_ceil(chunks.max(1)).max(1);
-        for chunk in used.chunks(per_chunk) {
+        let mut stats = UpdateStats::default();
+        let chunks = cfg.optimizer_steps_per_epoch.min(used.len().max(1));
+        for chunk in used.chunks(used.len().div_ceil(chunks).max(1)) {
             let micro: Vec<&[usize]> = chunk.chunks(cfg.train_batch).collect();
             let scale = 1.0 / (micro.len() * n) as f64;
-            let mut grads: BTreeMap<String, Tensor<B::InnerBackend, 2>> = BTreeMap::new();
             let reference = self.model.valid().adapters_off();
+            let mut grads = BTreeMap::new();
             for rows in micro {
-                let b = rows.len();
-                let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
-                let c_inner = select_cond(&batch.cond, &ids);
-                let u_inner = self.uncond(b)?;
-                let guide = Guidance::new(
-                    &lift_cond::<B>(&c_inner),
-                    &lift_cond::<B>(&u_inner),
-                    cfg.rollout.guidance,
-                    b,
-                    1,
+                self.accumulate(
+                    &batch,
+                    rows,
+                    &credit.advantages,
+                    &reference,
+                    scale,
+                    &mut grads,
+                    &mut stats,
+                    pb,
                 )?;
-                let guide_ref = Guidance::new(&c_inner, &u_inner, cfg.rollout.guidance, b, 1)?;
-                for (j, k) in window.clone().enumerate() {
-                    let x_inner = select(&batch.states[k], rows);
-                    let x_next = Tensor::<B, 4>::from_inner(select(&batch.states[k + 1], rows));
-                    let old = Tensor::<B, 1>::from_inner(select(&batch.old_log_probs[j], rows));
-                    let adv: Vec<f32> = rows.iter().map(|&i| advantages[i][j] as f32).collect();
-                    let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
-                    let t = Tensor::full([b], schedule.sigmas[k] * 1000.0, &device);
-                    let x = Tensor::<B, 4>::from_inner(x_inner.clone());
-                    let v = guide.velocity(&self.model, x.clone(), t)?;
-                    let step = gaussian_step(
-                        cfg.rollout.sampler,
-                        x,
-                        v,
-                        &schedule,
-                        k,
-                        cfg.rollout.noise_level,
-                    )?;
-                    let logp = step.log_prob(x_next)?;
-                    let (pg, stats) = policy_loss(logp, old, adv, obj.clip_range, obj.adv_clip_max);
-                    let mut loss = pg.clone();
-                    if obj.kl_beta > 0.0 {
-                        let t_ref =
-                            Tensor::full([b], schedule.sigmas[k] * 1000.0, &x_inner.device());
-                        let v_ref = guide_ref.velocity(&reference, x_inner.clone(), t_ref)?;
-                        let ref_step = gaussian_step(
-                            cfg.rollout.sampler,
-                            x_inner,
-                            v_ref,
-                            &schedule,
-                            k,
-                            cfg.rollout.noise_level,
-                        )?;
-                        let std = Tensor::full([b], step.std, &device);
-                        let kl =
-                            kl_penalty(step.mean.clone(), Tensor::from_inner(ref_step.mean), std);
-                        kls.push(kl.clone().into_scalar().elem::<f64>());
-                        loss = loss + kl * obj.kl_beta;
-                    }
-                    losses.push(pg.into_scalar().elem::<f64>());
-                    ratio.push(stats.ratio_mean);
-                    above.push(stats.clip_frac_above);
-                    below.push(stats.clip_frac_below);
-                    akl.push(stats.approx_kl);
-                    let g = (loss * scale).backward();
-                    for (name, t) in self.model.lora_tensors() {
-                        let Some(grad) = t.grad(&g) else { continue };
-                        let acc = match grads.remove(&name) {
-                            Some(a) => a + grad,
-                            None => grad,
-                        };
-                        grads.insert(name, acc);
-                    }
-                    pb.inc(1);
-                }
             }
-            // Adapters with no gradient path (e.g. the last block's text queries) get zeros.
-            let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
-                self.model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
-            for (name, p) in &params {
-                grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
-            }
-            norms.push(clip_global_norm(&mut grads, cfg.max_grad_norm));
-            let updated = self.optimizer.step(params, &grads)?;
-            self.ema.update(self.optimizer.step, &updated)?;
-            let lifted = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
-            self.model = self.model.clone().with_lora_tensors(lifted)?;
+            stats.grad_norm.push(self.optimizer_step(grads)?);
         }
         self.epoch = epoch;
 
@@ -440,23 +371,146 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             reward_mean: rm,
             reward_std: var.sqrt(),
             eval_reward: None,
-            turning_points: tps,
-            turning_points_positive: pos,
-            turning_points_negative: neg,
-            turning_point_candidates: candidates,
+            turning_points: credit.turning_points,
+            turning_points_positive: credit.positive,
+            turning_points_negative: credit.negative,
+            turning_point_candidates: credit.candidates,
             samples_used: used.len(),
             samples_dropped: total - used.len(),
-            ratio_mean: mean(&ratio),
-            clip_frac_above: mean(&above),
-            clip_frac_below: mean(&below),
-            approx_kl: mean(&akl),
-            kl: mean(&kls),
-            policy_loss: mean(&losses),
-            grad_norm: mean(&norms),
+            ratio_mean: mean(&stats.ratio),
+            clip_frac_above: mean(&stats.above),
+            clip_frac_below: mean(&stats.below),
+            approx_kl: mean(&stats.approx_kl),
+            kl: mean(&stats.kl),
+            policy_loss: mean(&stats.loss),
+            grad_norm: mean(&stats.grad_norm),
             optimizer_steps: self.optimizer.step,
             nfe_per_sample: batch.nfe as f64 / total as f64,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// TP-GRPO credit and advantages (or the Flow-GRPO baseline's) of an epoch's samples.
+    fn credit(&self, batch: &Batch<B::InnerBackend>) -> Result<Credit> {
+        let obj = &self.config.objective;
+        let mut out = Credit::default();
+        out.advantages = match obj.objective {
+            Objective::TpGrpo => {
+                let credits = credit_batch(&batch.rewards, obj)?;
+                for c in &credits {
+                    let count = c.turning_points.iter().filter(|&&t| t).count();
+                    out.turning_points += count;
+                    out.candidates += c.candidate_turning_points.iter().filter(|&&t| t).count();
+                    if c.delta > 0.0 {
+                        out.positive += count;
+                    } else {
+                        out.negative += count;
+                    }
+                }
+                let credited: Vec<Vec<f64>> =
+                    credits.into_iter().map(|c| c.credited_rewards).collect();
+                tp_grpo_advantages(&credited, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
+            }
+            Objective::FlowGrpo => {
+                let finals: Vec<f64> =
+                    batch.rewards.iter().map(|r| *r.last().expect("non-empty")).collect();
+                let n = self.config.rollout.window().len();
+                flow_grpo_advantages(&finals, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
+                    .into_iter()
+                    .map(|a| vec![a; n])
+                    .collect()
+            }
+        };
+        Ok(out)
+    }
+
+    /// Adds to `grads` the gradients of one micro-batch (`rows`) at every trained step:
+    /// policy CFG velocity at the stored `x_k`, log-prob of the stored `x_{k+1}`, clipped
+    /// policy loss plus `kl_beta` times the KL to `reference`, all scaled by `scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(
+        &self,
+        batch: &Batch<B::InnerBackend>,
+        rows: &[usize],
+        advantages: &[Vec<f64>],
+        reference: &MMDiT<B::InnerBackend>,
+        scale: f64,
+        grads: &mut BTreeMap<String, Tensor<B::InnerBackend, 2>>,
+        stats: &mut UpdateStats,
+        pb: &ProgressBar,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let (obj, ro) = (&cfg.objective, &cfg.rollout);
+        let schedule = ro.schedule()?;
+        let device = self.model.devices()[0].clone();
+        let b = rows.len();
+        let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
+        let c_inner = select_cond(&batch.cond, &ids);
+        let u_inner = self.uncond(b)?;
+        let guide =
+            Guidance::new(&lift_cond::<B>(&c_inner), &lift_cond::<B>(&u_inner), ro.guidance, b, 1)?;
+        let guide_ref = Guidance::new(&c_inner, &u_inner, ro.guidance, b, 1)?;
+        for (j, k) in ro.window().enumerate() {
+            let x_inner = select(&batch.states[k], rows);
+            let x_next = Tensor::<B, 4>::from_inner(select(&batch.states[k + 1], rows));
+            let old = Tensor::<B, 1>::from_inner(select(&batch.old_log_probs[j], rows));
+            let adv: Vec<f32> = rows.iter().map(|&i| advantages[i][j] as f32).collect();
+            let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
+            let sigma = schedule.sigmas[k] * 1000.0;
+            let x = Tensor::<B, 4>::from_inner(x_inner.clone());
+            let v = guide.velocity(&self.model, x.clone(), Tensor::full([b], sigma, &device))?;
+            let step = gaussian_step(ro.sampler, x, v, &schedule, k, ro.noise_level)?;
+            let (pg, s) =
+                policy_loss(step.log_prob(x_next)?, old, adv, obj.clip_range, obj.adv_clip_max);
+            let mut loss = pg.clone();
+            if obj.kl_beta > 0.0 {
+                let t_ref = Tensor::full([b], sigma, &x_inner.device());
+                let v_ref = guide_ref.velocity(reference, x_inner.clone(), t_ref)?;
+                let ref_step =
+                    gaussian_step(ro.sampler, x_inner, v_ref, &schedule, k, ro.noise_level)?;
+                let std = Tensor::full([b], step.std, &device);
+                let kl = kl_penalty(step.mean.clone(), Tensor::from_inner(ref_step.mean), std);
+                stats.kl.push(kl.clone().into_scalar().elem::<f64>());
+                loss = loss + kl * obj.kl_beta;
+            }
+            stats.loss.push(pg.into_scalar().elem::<f64>());
+            stats.ratio.push(s.ratio_mean);
+            stats.above.push(s.clip_frac_above);
+            stats.below.push(s.clip_frac_below);
+            stats.approx_kl.push(s.approx_kl);
+            let g = (loss * scale).backward();
+            for (name, t) in self.model.lora_tensors() {
+                if let Some(grad) = t.grad(&g) {
+                    let sum = match grads.remove(&name) {
+                        Some(acc) => acc + grad,
+                        None => grad,
+                    };
+                    grads.insert(name, sum);
+                }
+            }
+            pb.inc(1);
+        }
+        Ok(())
+    }
+
+    /// Clips the summed gradients to the global norm, takes an AdamW step, writes the new
+    /// factors into the model and updates the EMA; returns the norm before clipping.
+    fn optimizer_step(
+        &mut self,
+        mut grads: BTreeMap<String, Tensor<B::InnerBackend, 2>>,
+    ) -> Result<f64> {
+        let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
+            self.model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
+        // Factors with no gradient path (the last block's text queries) get zeros.
+        for (name, p) in &params {
+            grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
+        }
+        let norm = clip_global_norm(&mut grads, self.config.max_grad_norm);
+        let updated = self.optimizer.step(params, &grads)?;
+        self.ema.update(self.optimizer.step, &updated)?;
+        let lifted = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
+        self.model = self.model.clone().with_lora_tensors(lifted)?;
+        Ok(norm)
     }
 
     /// The policy with the EMA adapters, on the inner backend.
