@@ -6,12 +6,11 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use burn::module::AutodiffModule;
 use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::toy::{self, prompts, Split, ToyModel, ToyPipeline, ToyScorer};
+use tpgrpo::toy::{self, ToyScorer};
 use tpgrpo::train::plot::{save_chart, Series};
-use tpgrpo::train::{EpochMetrics, Trainer};
+use tpgrpo::train::EpochMetrics;
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -51,19 +50,9 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
             .chain(args.sets.iter().cloned())
             .collect();
     let config = toy::train_config().with_sources(None, &sets)?;
-    let toy: ToyModel<TrainBackend> = ToyModel::load(toy::default_dir(), &device)?;
-    let pipeline = ToyPipeline { text_encoder: toy.text_encoder.valid() };
     let out = args.out.join(format!("{objective}-seed{seed}"));
     let _ = std::fs::remove_dir_all(&out);
-    let mut trainer = Trainer::new(
-        config,
-        toy.transformer,
-        pipeline,
-        Box::new(ToyScorer),
-        prompts(Split::Train),
-        prompts(Split::Eval),
-        &out,
-    )?;
+    let mut trainer = toy::trainer::<TrainBackend>(config, Box::new(ToyScorer), &out, &device)?;
     let history: Vec<EpochMetrics> = trainer.train(|m| {
         if let Some(r) = m.eval_reward {
             println!("  {objective} seed {seed} epoch {:3}: held-out {r:.4}", m.epoch);

@@ -7,11 +7,10 @@
 
 use std::path::PathBuf;
 
-use burn::module::AutodiffModule;
 use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::toy::{self, prompts, Split, ToyModel, ToyPipeline, ToyScorer};
-use tpgrpo::train::{EpochMetrics, Trainer};
+use tpgrpo::toy::{self, ToyScorer};
+use tpgrpo::train::EpochMetrics;
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -102,17 +101,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         config.group_size,
         out.display()
     );
-    let toy: ToyModel<TrainBackend> = ToyModel::load(toy::default_dir(), &device)?;
-    let pipeline = ToyPipeline { text_encoder: toy.text_encoder.valid() };
-    let mut trainer = Trainer::new(
-        config,
-        toy.transformer,
-        pipeline,
-        Box::new(ToyScorer),
-        prompts(Split::Train),
-        prompts(Split::Eval),
-        &out,
-    )?;
+    let mut trainer = toy::trainer::<TrainBackend>(config, Box::new(ToyScorer), &out, &device)?;
     if args.resume {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);

@@ -6,9 +6,8 @@ mod common;
 
 use std::path::Path;
 
-use burn::module::AutodiffModule;
 use tpgrpo::backend::{Backend as B, TrainBackend};
-use tpgrpo::toy::{self, prompts, Split, ToyModel, ToyPipeline, ToyScorer};
+use tpgrpo::toy::{self, ToyPipeline, ToyScorer};
 use tpgrpo::train::{EpochMetrics, TrainConfig, Trainer, FIELDS};
 
 fn config(epochs: usize, objective: &str) -> TrainConfig {
@@ -33,19 +32,7 @@ fn config(epochs: usize, objective: &str) -> TrainConfig {
 }
 
 fn trainer(cfg: TrainConfig, out: &Path) -> Trainer<TrainBackend, ToyPipeline<B>> {
-    let model: ToyModel<TrainBackend> =
-        ToyModel::load(toy::default_dir(), &Default::default()).unwrap();
-    let pipeline = ToyPipeline { text_encoder: model.text_encoder.valid() };
-    Trainer::new(
-        cfg,
-        model.transformer,
-        pipeline,
-        Box::new(ToyScorer),
-        prompts(Split::Train),
-        prompts(Split::Eval),
-        out,
-    )
-    .unwrap()
+    toy::trainer(cfg, Box::new(ToyScorer), out, &Default::default()).unwrap()
 }
 
 fn factors(t: &Trainer<TrainBackend, ToyPipeline<B>>) -> Vec<(String, Vec<f32>)> {
@@ -207,20 +194,10 @@ fn updates_move_the_reward_up() {
         .chain([format!("objective.objective={objective}")])
         .collect();
         let cfg = toy::train_config().with_sources(None, &sets).unwrap();
-        let model: ToyModel<TrainBackend> =
-            ToyModel::load(toy::default_dir(), &Default::default()).unwrap();
-        let pipeline = ToyPipeline { text_encoder: model.text_encoder.valid() };
         let out = common::scratch(&format!("train-bright-{objective}"));
-        let mut t = Trainer::new(
-            cfg,
-            model.transformer,
-            pipeline,
-            Box::new(Brightness),
-            prompts(Split::Train),
-            prompts(Split::Eval),
-            &out,
-        )
-        .unwrap();
+        let mut t =
+            toy::trainer::<TrainBackend>(cfg, Box::new(Brightness), &out, &Default::default())
+                .unwrap();
         let h = t.train(|_| {}).unwrap();
         let (before, after) = (h[0].eval_reward.unwrap(), h[6].eval_reward.unwrap());
         eprintln!("{objective}: brightness {before:.4} -> {after:.4}");

@@ -163,3 +163,25 @@ pub fn train_config() -> crate::train::TrainConfig {
         .with_optimizer(AdamWConfig::new().with_lr(2e-3))
         .with_ema(EmaConfig::new().with_every(1))
 }
+
+/// A trainer for the shipped toy model (`models/toy/`) with `reward` on the toy prompts
+/// (training split; held-out split for evaluation), writing to `out_dir`.
+pub fn trainer<B: burn::tensor::backend::AutodiffBackend>(
+    config: crate::train::TrainConfig,
+    reward: Box<dyn crate::reward::Reward>,
+    out_dir: impl AsRef<Path>,
+    device: &B::Device,
+) -> Result<crate::train::Trainer<B, ToyPipeline<B::InnerBackend>>> {
+    use burn::module::AutodiffModule;
+    let model: ToyModel<B> = ToyModel::load(default_dir(), device)?;
+    let pipeline = ToyPipeline { text_encoder: model.text_encoder.valid() };
+    crate::train::Trainer::new(
+        config,
+        model.transformer,
+        pipeline,
+        reward,
+        prompts(Split::Train),
+        prompts(Split::Eval),
+        out_dir,
+    )
+}
