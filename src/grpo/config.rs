@@ -17,6 +17,16 @@ pub enum Objective {
     FlowGrpo,
 }
 
+impl Objective {
+    /// The name used in settings and metrics (`tp-grpo`, `flow-grpo`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::TpGrpo => "tp-grpo",
+            Objective::FlowGrpo => "flow-grpo",
+        }
+    }
+}
+
 /// What ranks turning points when positive and negative ones are balanced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

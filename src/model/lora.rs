@@ -75,8 +75,13 @@ impl LoraConfig {
 
     /// Whether the module called `name` is targeted (PEFT's suffix rule).
     pub fn targets(&self, name: &str) -> bool {
-        self.target_modules.iter().any(|t| name == t || name.ends_with(&format!(".{t}")))
+        self.target_modules.iter().any(|t| suffix_match(name, t))
     }
+}
+
+/// PEFT's rule: `target` is the whole module name or a dot-separated suffix of it.
+fn suffix_match(name: &str, target: &str) -> bool {
+    name == target || name.strip_suffix(target).is_some_and(|head| head.ends_with('.'))
 }
 
 /// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
@@ -254,8 +259,7 @@ impl<B: Backend> MMDiT<B> {
         let (r, scale) = (config.rank, config.alpha / config.rank as f64);
         let names: Vec<String> = model.projections_mut().into_iter().map(|(n, _)| n).collect();
         for target in &config.target_modules {
-            let hit = names.iter().any(|n| n == target || n.ends_with(&format!(".{target}")));
-            if !hit {
+            if !names.iter().any(|n| suffix_match(n, target)) {
                 return Err(crate::Error::config(
                     "lora.target_modules",
                     format!(

@@ -73,14 +73,14 @@ impl<B: Backend> ToyModel<B> {
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
         let dir = dir.as_ref();
         let transformer = MMDiT::load_diffusers_dir(&dir.join("transformer"), device)?;
-        let path = dir.join(TEXT_ENCODER_FILE);
-        let mut text_encoder = ToyTextEncoder::new(transformer.config.joint_attention_dim, device);
         if transformer.config.pooled_projection_dim != transformer.config.joint_attention_dim {
             return Err(Error::config(
                 "pooled_projection_dim",
                 "the toy encoder needs pooled_projection_dim == joint_attention_dim",
             ));
         }
+        let path = dir.join(TEXT_ENCODER_FILE);
+        let mut text_encoder = ToyTextEncoder::new(transformer.config.joint_attention_dim, device);
         let files = WeightFiles::open(&path)?;
         apply_plan(&mut text_encoder, &files, &path, |p: &str| Source::key(p), |_| true)?;
         Ok(ToyModel { transformer, text_encoder })
@@ -93,6 +93,11 @@ impl<B: Backend> ToyModel<B> {
         std::fs::create_dir_all(&transformer).map_err(|e| Error::io(&transformer, e))?;
         self.transformer.save_diffusers(&transformer)?;
         save_safetensors(&dir.join(TEXT_ENCODER_FILE), &export_params(&self.text_encoder))
+    }
+
+    /// Prompt conditioning of `texts` (the empty string is the unconditional prompt).
+    pub fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+        self.text_encoder.encode(texts)
     }
 }
 
@@ -108,13 +113,6 @@ pub fn images_to_latents<B: Backend>(images: &[Image], device: &B::Device) -> Te
 /// Images of latents: `(z/2 + 1/2)` clamped to `[0, 1]`.
 pub fn latents_to_images<B: Backend>(latents: Tensor<B, 4>) -> Result<Vec<Image>> {
     Image::from_tensor(latents * 0.5 + 0.5)
-}
-
-impl<B: Backend> ToyModel<B> {
-    /// Prompt conditioning of `texts` (the empty string is the unconditional prompt).
-    pub fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
-        self.text_encoder.encode(texts)
-    }
 }
 
 /// The toy pipeline: the toy text encoder and the identity "VAE".

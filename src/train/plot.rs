@@ -60,6 +60,13 @@ fn glyph(c: char) -> [u8; 5] {
     }
 }
 
+/// Sets pixel `(x, y)` when it lies inside the image.
+fn put(img: &mut RgbImage, x: i64, y: i64, color: Rgb<u8>) {
+    if x >= 0 && y >= 0 && (x as u32) < img.width() && (y as u32) < img.height() {
+        img.put_pixel(x as u32, y as u32, color);
+    }
+}
+
 fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, scale: i64, color: Rgb<u8>) {
     for (k, c) in s.chars().enumerate() {
         for (row, bits) in glyph(c).iter().enumerate() {
@@ -68,14 +75,7 @@ fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, scale: i64, color: Rgb<u8>)
                     for dy in 0..scale {
                         for dx in 0..scale {
                             let px = x + (k as i64 * 4 + col) * scale + dx;
-                            let py = y + row as i64 * scale + dy;
-                            if px >= 0
-                                && py >= 0
-                                && (px as u32) < img.width()
-                                && (py as u32) < img.height()
-                            {
-                                img.put_pixel(px as u32, py as u32, color);
-                            }
+                            put(img, px, y + row as i64 * scale + dy, color);
                         }
                     }
                 }
@@ -90,10 +90,7 @@ fn line(img: &mut RgbImage, (x0, y0): (f64, f64), (x1, y1): (f64, f64), color: R
         let t = i as f64 / steps as f64;
         let (x, y) = (x0 + t * (x1 - x0), y0 + t * (y1 - y0));
         for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-            let (px, py) = (x as i64 + dx, y as i64 + dy);
-            if px >= 0 && py >= 0 && (px as u32) < img.width() && (py as u32) < img.height() {
-                img.put_pixel(px as u32, py as u32, color);
-            }
+            put(img, x as i64 + dx, y as i64 + dy, color);
         }
     }
 }

@@ -82,6 +82,8 @@ struct Batch<B: Backend> {
     prompt_ids: Vec<usize>,
     /// Conditioning of the epoch's prompts.
     cond: Conditioning<B>,
+    /// Conditioning of the empty prompt (one row).
+    empty: Conditioning<B>,
     /// Transformer evaluations, summed over samples.
     nfe: usize,
 }
@@ -225,8 +227,12 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         self.pipeline.encode(&texts)
     }
 
-    fn uncond(&self, batch: usize) -> Result<Conditioning<B::InnerBackend>> {
-        self.pipeline.encode(&vec![""; batch])
+    /// The empty prompt's conditioning, encoded once and repeated `batch` times.
+    fn uncond(
+        empty: &Conditioning<B::InnerBackend>,
+        batch: usize,
+    ) -> Conditioning<B::InnerBackend> {
+        select_cond(empty, &vec![0; batch])
     }
 
     /// Rollouts of every sample of epoch `epoch` with the current policy, and their rewards.
@@ -236,6 +242,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         let device = policy.devices()[0].clone();
         let prompts = self.epoch_prompts(epoch);
         let cond = self.encode_prompts(&prompts)?;
+        let empty = self.pipeline.encode(&[""])?;
         let total = cfg.prompts_per_epoch * cfg.group_size;
         // Each prompt repeated G times, then shuffled: micro-batches mix groups.
         let mut prompt_ids: Vec<usize> = (0..total).map(|i| i / cfg.group_size).collect();
@@ -261,7 +268,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
                 rows.iter().map(|&i| mix(mix(cfg.seed, epoch as u64), i as u64)).collect();
             let ids: Vec<usize> = rows.iter().map(|&i| prompt_ids[i]).collect();
             let c = select_cond(&cond, &ids);
-            let u = self.uncond(b)?;
+            let u = Self::uncond(&empty, b);
             let r = rollout(&policy, &cfg.rollout, &seeds, shape, &c, &u, &device)?;
             nfe += r.nfe * b;
             let batch_prompts: Vec<Prompt> = ids.iter().map(|&i| prompts[i].clone()).collect();
@@ -307,6 +314,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             rewards,
             prompt_ids,
             cond,
+            empty,
             nfe,
         })
     }
@@ -323,7 +331,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
 
         let finals: Vec<f64> =
             batch.rewards.iter().map(|r| *r.last().expect("non-empty")).collect();
-        let credit = self.credit(&batch)?;
+        let credit = self.credit(&batch, &finals)?;
         let keep = informative_samples(&credit.advantages);
         let mut used: Vec<usize> = (0..total).filter(|&i| keep[i]).collect();
         let mut rng = SplitMix64(mix(cfg.seed, 0x7A_0000 + epoch as u64));
@@ -364,10 +372,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         let var = finals.iter().map(|r| (r - rm).powi(2)).sum::<f64>() / finals.len() as f64;
         Ok(EpochMetrics {
             epoch,
-            objective: match obj.objective {
-                Objective::TpGrpo => "tp-grpo".into(),
-                Objective::FlowGrpo => "flow-grpo".into(),
-            },
+            objective: obj.objective.name().into(),
             reward_mean: rm,
             reward_std: var.sqrt(),
             eval_reward: None,
@@ -391,7 +396,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// TP-GRPO credit and advantages (or the Flow-GRPO baseline's) of an epoch's samples.
-    fn credit(&self, batch: &Batch<B::InnerBackend>) -> Result<Credit> {
+    fn credit(&self, batch: &Batch<B::InnerBackend>, finals: &[f64]) -> Result<Credit> {
         let obj = &self.config.objective;
         let mut out = Credit::default();
         out.advantages = match obj.objective {
@@ -412,10 +417,8 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
                 tp_grpo_advantages(&credited, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
             }
             Objective::FlowGrpo => {
-                let finals: Vec<f64> =
-                    batch.rewards.iter().map(|r| *r.last().expect("non-empty")).collect();
                 let n = self.config.rollout.window().len();
-                flow_grpo_advantages(&finals, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
+                flow_grpo_advantages(finals, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
                     .into_iter()
                     .map(|a| vec![a; n])
                     .collect()
@@ -446,7 +449,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         let b = rows.len();
         let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
         let c_inner = select_cond(&batch.cond, &ids);
-        let u_inner = self.uncond(b)?;
+        let u_inner = Self::uncond(&batch.empty, b);
         let guide =
             Guidance::new(&lift_cond::<B>(&c_inner), &lift_cond::<B>(&u_inner), ro.guidance, b, 1)?;
         let guide_ref = Guidance::new(&c_inner, &u_inner, ro.guidance, b, 1)?;
@@ -530,12 +533,13 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             cfg.eval_prompts.min(self.eval_prompts.len())
         };
         let prompts = &self.eval_prompts[..count];
+        let empty = self.pipeline.encode(&[""])?;
         let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
         let (mut scores, mut images) = (Vec::new(), Vec::new());
         for (c, chunk) in prompts.chunks(cfg.rollout_batch * 4).enumerate() {
             let cond = self.encode_prompts(chunk)?;
-            let uncond = self.uncond(chunk.len())?;
+            let uncond = Self::uncond(&empty, chunk.len());
             let seeds: Vec<u64> = (0..chunk.len())
                 .map(|i| mix(cfg.seed ^ 0xE7A1, (c * cfg.rollout_batch * 4 + i) as u64))
                 .collect();
@@ -689,10 +693,7 @@ impl EpochMetrics {
     pub fn empty(epoch: usize, config: &TrainConfig) -> Self {
         EpochMetrics {
             epoch,
-            objective: match config.objective.objective {
-                Objective::TpGrpo => "tp-grpo".into(),
-                Objective::FlowGrpo => "flow-grpo".into(),
-            },
+            objective: config.objective.objective.name().into(),
             reward_mean: 0.0,
             reward_std: 0.0,
             eval_reward: None,
