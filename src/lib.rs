@@ -5,6 +5,8 @@
 //!
 //! - [`model::mmdit`]: the SD3 / SD3.5 MMDiT, generic over the backend, loading diffusers and
 //!   Stability checkpoints.
+//! - [`model::clip`], [`model::t5`], [`model::vae`] and [`pipeline`]: SD3's text encoders,
+//!   VAE and the diffusers-folder text-to-image pipeline.
 //! - [`weights`]: lazy safetensors reading, key plans, atomic writing.
 //! - [`grpo`]: TP-GRPO / Flow-GRPO credit, advantages and loss.
 //! - [`reward`]: the reward trait; [`toy`]: the embedded default task (tiny model, shapes, scorer).
@@ -16,6 +18,7 @@ pub mod backend;
 pub mod error;
 pub mod grpo;
 pub mod model;
+pub mod pipeline;
 pub mod reward;
 pub mod sampler;
 pub mod toy;

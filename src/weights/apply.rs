@@ -23,12 +23,20 @@ pub struct Source {
     /// Swap the two halves of the first dimension (Stability's `shift, scale` order to
     /// diffusers' `scale, shift`).
     pub swap_halves: bool,
+    /// Drop trailing `1, 1` dimensions: a 1x1 convolution kernel `[out, in, 1, 1]` read as a
+    /// linear weight `[out, in]` (LDM attention projections).
+    pub squeeze_1x1: bool,
 }
 
 impl Source {
     /// The whole tensor stored under `key`.
     pub fn key(key: impl Into<String>) -> Self {
-        Source { key: key.into(), rows: None, swap_halves: false }
+        Source { key: key.into(), rows: None, swap_halves: false, squeeze_1x1: false }
+    }
+
+    /// The 1x1 convolution kernel stored under `key`, read as a linear weight.
+    pub fn conv_1x1(key: impl Into<String>) -> Self {
+        Source { squeeze_1x1: true, ..Source::key(key) }
     }
 
     /// Rows `rows` of the tensor stored under `key`.
@@ -52,6 +60,12 @@ impl Source {
         }
         if self.swap_halves && shape.first().is_none_or(|d| d % 2 != 0) {
             return None;
+        }
+        if self.squeeze_1x1 {
+            if shape.len() != 4 || shape[2..] != [1, 1] {
+                return None;
+            }
+            shape.truncate(2);
         }
         Some(shape)
     }
@@ -169,10 +183,11 @@ pub fn apply_plan<B: Backend, M: Module<B>>(
                     "`{}` in {}: expected shape {expected:?}{}, found {:?}{}",
                     source.key,
                     files.path_of(&source.key).display(),
-                    match (&source.rows, source.swap_halves) {
-                        (Some(r), _) => format!(" (rows {r:?} of the stored tensor)"),
-                        (None, true) => " (halves swapped)".to_string(),
-                        (None, false) => String::new(),
+                    match (&source.rows, source.swap_halves, source.squeeze_1x1) {
+                        (Some(r), _, _) => format!(" (rows {r:?} of the stored tensor)"),
+                        (None, true, _) => " (halves swapped)".to_string(),
+                        (None, false, true) => " (a 1x1 convolution kernel)".to_string(),
+                        (None, false, false) => String::new(),
                     },
                     info.shape,
                     if found.is_none() { " (cannot be sliced as planned)" } else { "" },

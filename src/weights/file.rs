@@ -34,6 +34,8 @@ pub struct WeightFiles {
     /// The files, in the order they were opened.
     pub files: Vec<PathBuf>,
     tensors: BTreeMap<String, TensorInfo>,
+    /// String metadata of the headers (`__metadata__`), merged over the files.
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +66,27 @@ impl WeightFiles {
         let mut files = WeightFiles::default();
         files.add_file(path.as_ref())?;
         Ok(files)
+    }
+
+    /// Opens the weights of a transformers / diffusers model folder: `{stem}.safetensors`, or
+    /// the shards listed in `{stem}.safetensors.index.json` (`stem` is `model` for
+    /// transformers, `diffusion_pytorch_model` for diffusers).
+    pub fn open_dir(dir: impl AsRef<Path>, stem: &str) -> Result<Self> {
+        let dir = dir.as_ref();
+        let (single, index) = (
+            dir.join(format!("{stem}.safetensors")),
+            dir.join(format!("{stem}.safetensors.index.json")),
+        );
+        if index.is_file() {
+            Self::open_sharded(&index)
+        } else if single.is_file() {
+            Self::open(&single)
+        } else {
+            Err(Error::format(
+                dir,
+                format!("holds neither {stem}.safetensors nor {stem}.safetensors.index.json"),
+            ))
+        }
     }
 
     /// Opens a sharded checkpoint from its `*.safetensors.index.json`: every shard named in the
@@ -124,6 +147,9 @@ impl WeightFiles {
         let mut ranges = Vec::new();
         for (key, value) in header {
             if key == "__metadata__" {
+                let entries: BTreeMap<String, String> = serde_json::from_value(value)
+                    .map_err(|e| Error::format(path, format!("corrupt __metadata__: {e}")))?;
+                self.metadata.extend(entries);
                 continue;
             }
             let entry: HeaderEntry = serde_json::from_value(value).map_err(|e| {

@@ -8,4 +8,25 @@ mod save;
 pub use apply::{apply_plan, Source};
 pub use apply::{export_params, param_slots, ParamSlot};
 pub use file::{TensorInfo, WeightFiles};
-pub use save::{save_safetensors, write_atomically};
+pub use save::{save_safetensors, save_safetensors_with_metadata, write_atomically};
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Reads a model's `config.json` into `T`, ignoring fields `T` does not have; errors name the
+/// file.
+pub fn read_config<T: serde::de::DeserializeOwned>(path: impl AsRef<Path>) -> Result<T> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid config: {e}")))
+}
+
+/// The PyTorch name of a Burn parameter path: norm `gamma` / `beta` become `weight` / `bias`.
+pub fn torch_param_name(path: &str) -> String {
+    match path.rsplit_once('.') {
+        Some((module, "gamma")) => format!("{module}.weight"),
+        Some((module, "beta")) => format!("{module}.bias"),
+        _ => path.to_string(),
+    }
+}

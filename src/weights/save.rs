@@ -49,6 +49,15 @@ impl View for F32View<'_> {
 
 /// Saves named f32 tensors (`(key, shape, values)`) as a safetensors file, atomically.
 pub fn save_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    save_safetensors_with_metadata(path, tensors, None)
+}
+
+/// [`save_safetensors`] with string metadata in the header (`__metadata__`).
+pub fn save_safetensors_with_metadata(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<()> {
     for (key, shape, values) in tensors {
         if shape.iter().product::<usize>() != values.len() {
             return Err(Error::shape(key, format!("{} values", values.len()), shape));
@@ -56,7 +65,7 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)])
     }
     let views = tensors.iter().map(|(k, s, v)| (k.as_str(), F32View { shape: s, values: v }));
     write_atomically(path, |tmp| {
-        safetensors::serialize_to_file(views, None, tmp)
+        safetensors::serialize_to_file(views, metadata, tmp)
             .map_err(|e| Error::format(tmp, format!("cannot write safetensors: {e}")))
     })
 }

@@ -1,0 +1,320 @@
+//! The CLIP text encoder of SD3 (transformers' `CLIPTextModelWithProjection`): CLIP-L
+//! (`text_encoder/`) and CLIP-G (`text_encoder_2/`), loaded from transformers safetensors.
+//!
+//! Module fields carry the checkpoint names (`text_model.encoder.layers.N.self_attn.q_proj`);
+//! only norm `gamma` / `beta` differ (`weight` / `bias`).
+
+use std::path::Path;
+
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::{gelu, sigmoid, softmax};
+
+use crate::weights::{apply_plan, read_config, torch_param_name, Source, WeightFiles};
+
+/// A CLIP text encoder's `config.json` (the fields SD3 uses).
+#[derive(Config, Debug)]
+pub struct ClipTextConfig {
+    /// Token vocabulary size.
+    pub vocab_size: usize,
+    /// Width `D`.
+    pub hidden_size: usize,
+    /// Width of the MLP.
+    pub intermediate_size: usize,
+    /// Number of encoder layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Sequence length of the position table (77).
+    #[config(default = 77)]
+    pub max_position_embeddings: usize,
+    /// `quick_gelu` (CLIP-L) or `gelu` (CLIP-G).
+    #[config(default = "String::from(\"quick_gelu\")")]
+    pub hidden_act: String,
+    /// Layer-norm epsilon.
+    #[config(default = 1e-5)]
+    pub layer_norm_eps: f64,
+    /// Width of the pooled output after `text_projection`.
+    pub projection_dim: usize,
+    /// End-of-text id; the legacy value 2 means "pool at the highest token id".
+    #[config(default = 2)]
+    pub eos_token_id: u32,
+}
+
+impl ClipTextConfig {
+    /// Checks the configuration; errors name the field.
+    pub fn validate(&self) -> crate::Result<()> {
+        if !matches!(self.hidden_act.as_str(), "quick_gelu" | "gelu") {
+            return Err(crate::Error::config(
+                "hidden_act",
+                format!("expected \"quick_gelu\" or \"gelu\", found {:?}", self.hidden_act),
+            ));
+        }
+        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+            return Err(crate::Error::config(
+                "num_attention_heads",
+                format!("must divide hidden_size {}", self.hidden_size),
+            ));
+        }
+        if self.num_hidden_layers < 2 {
+            return Err(crate::Error::config(
+                "num_hidden_layers",
+                "SD3 reads the penultimate layer: at least 2 layers are needed",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A randomly initialised encoder (weights are drawn lazily).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> crate::Result<ClipTextModel<B>> {
+        self.validate()?;
+        let d = self.hidden_size;
+        let ln = || LayerNormConfig::new(d).with_epsilon(self.layer_norm_eps).init(device);
+        let linear = |i, o| LinearConfig::new(i, o).init(device);
+        let layers = (0..self.num_hidden_layers)
+            .map(|_| ClipEncoderLayer {
+                self_attn: ClipAttention {
+                    q_proj: linear(d, d),
+                    k_proj: linear(d, d),
+                    v_proj: linear(d, d),
+                    out_proj: linear(d, d),
+                    heads: self.num_attention_heads,
+                },
+                layer_norm1: ln(),
+                mlp: ClipMlp {
+                    fc1: linear(d, self.intermediate_size),
+                    fc2: linear(self.intermediate_size, d),
+                    quick_gelu: self.hidden_act == "quick_gelu",
+                },
+                layer_norm2: ln(),
+            })
+            .collect();
+        Ok(ClipTextModel {
+            text_model: ClipTextTransformer {
+                embeddings: ClipEmbeddings {
+                    token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
+                    position_embedding: EmbeddingConfig::new(self.max_position_embeddings, d)
+                        .init(device),
+                },
+                encoder: ClipEncoder { layers },
+                final_layer_norm: ln(),
+            },
+            text_projection: LinearConfig::new(d, self.projection_dim)
+                .with_bias(false)
+                .init(device),
+            eos_token_id: self.eos_token_id as usize,
+            vocab_size: self.vocab_size,
+            max_positions: self.max_position_embeddings,
+        })
+    }
+}
+
+/// Token and position embeddings.
+#[derive(Module, Debug)]
+pub struct ClipEmbeddings<B: Backend> {
+    /// `[vocab, D]`.
+    pub token_embedding: Embedding<B>,
+    /// `[77, D]`.
+    pub position_embedding: Embedding<B>,
+}
+
+/// Multi-head self-attention with a causal mask.
+#[derive(Module, Debug)]
+pub struct ClipAttention<B: Backend> {
+    /// Query projection.
+    pub q_proj: Linear<B>,
+    /// Key projection.
+    pub k_proj: Linear<B>,
+    /// Value projection.
+    pub v_proj: Linear<B>,
+    /// Output projection.
+    pub out_proj: Linear<B>,
+    heads: usize,
+}
+
+impl<B: Backend> ClipAttention<B> {
+    /// `softmax(q k^T / sqrt(Dh) + causal) v` over `heads` heads of `x: [B, T, D]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [b, t, d] = x.dims();
+        let dh = d / self.heads;
+        let split = |y: Tensor<B, 3>| y.reshape([b, t, self.heads, dh]).swap_dims(1, 2);
+        let q = split(self.q_proj.forward(x.clone())) * (1.0 / (dh as f64).sqrt());
+        let k = split(self.k_proj.forward(x.clone()));
+        let v = split(self.v_proj.forward(x));
+        let scores = q.matmul(k.swap_dims(2, 3)) + causal_mask::<B>(t, &v.device());
+        let out = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, t, d]);
+        self.out_proj.forward(out)
+    }
+}
+
+/// `[1, 1, T, T]`: 0 on and below the diagonal, -inf above.
+fn causal_mask<B: Backend>(t: usize, device: &B::Device) -> Tensor<B, 4> {
+    let values: Vec<f32> =
+        (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+    Tensor::from_data(TensorData::new(values, [1, 1, t, t]), device)
+}
+
+/// Two-layer MLP with quick-GELU `x sigmoid(1.702 x)` (CLIP-L) or exact GELU (CLIP-G).
+#[derive(Module, Debug)]
+pub struct ClipMlp<B: Backend> {
+    /// `D -> intermediate`.
+    pub fc1: Linear<B>,
+    /// `intermediate -> D`.
+    pub fc2: Linear<B>,
+    quick_gelu: bool,
+}
+
+impl<B: Backend> ClipMlp<B> {
+    /// `fc2(act(fc1 x))`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let h = self.fc1.forward(x);
+        let h = if self.quick_gelu { h.clone() * sigmoid(h * 1.702) } else { gelu(h) };
+        self.fc2.forward(h)
+    }
+}
+
+/// Pre-norm encoder layer.
+#[derive(Module, Debug)]
+pub struct ClipEncoderLayer<B: Backend> {
+    /// Causal self-attention.
+    pub self_attn: ClipAttention<B>,
+    /// Norm before attention.
+    pub layer_norm1: LayerNorm<B>,
+    /// Feed-forward.
+    pub mlp: ClipMlp<B>,
+    /// Norm before the MLP.
+    pub layer_norm2: LayerNorm<B>,
+}
+
+impl<B: Backend> ClipEncoderLayer<B> {
+    /// `x + attn(ln1 x)`, then `+ mlp(ln2 .)`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
+        x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
+    }
+}
+
+/// The stack of encoder layers.
+#[derive(Module, Debug)]
+pub struct ClipEncoder<B: Backend> {
+    /// Layers in order.
+    pub layers: Vec<ClipEncoderLayer<B>>,
+}
+
+/// Embeddings, encoder and final norm (`text_model.*`).
+#[derive(Module, Debug)]
+pub struct ClipTextTransformer<B: Backend> {
+    /// Token and position embeddings.
+    pub embeddings: ClipEmbeddings<B>,
+    /// Encoder layers.
+    pub encoder: ClipEncoder<B>,
+    /// Norm applied to the last layer's output (not to the penultimate features).
+    pub final_layer_norm: LayerNorm<B>,
+}
+
+/// `CLIPTextModelWithProjection`.
+#[derive(Module, Debug)]
+pub struct ClipTextModel<B: Backend> {
+    /// The transformer.
+    pub text_model: ClipTextTransformer<B>,
+    /// Pooled-feature projection, no bias.
+    pub text_projection: Linear<B>,
+    eos_token_id: usize,
+    vocab_size: usize,
+    max_positions: usize,
+}
+
+/// What SD3 takes from a CLIP encoder.
+#[derive(Debug, Clone)]
+pub struct ClipOutput<B: Backend> {
+    /// Per-token features: the penultimate layer's output (`hidden_states[-2]`), `[B, T, D]`.
+    pub hidden: Tensor<B, 3>,
+    /// Projected pooled feature (`text_embeds`), `[B, projection_dim]`.
+    pub pooled: Tensor<B, 2>,
+}
+
+impl<B: Backend> ClipTextModel<B> {
+    /// Loads a transformers `text_encoder/` folder: `config.json` and `model.safetensors` (or
+    /// shards). The `position_ids` buffer of older checkpoints is ignored.
+    pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
+        let dir = dir.as_ref();
+        let config: ClipTextConfig = read_config(dir.join("config.json"))?;
+        config
+            .validate()
+            .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
+        let files = WeightFiles::open_dir(dir, "model")?;
+        let mut model = config.init(device)?;
+        apply_plan(
+            &mut model,
+            &files,
+            dir,
+            |path| Source::key(torch_param_name(path)),
+            |key| !key.ends_with("position_ids"),
+        )?;
+        Ok(model)
+    }
+
+    /// The position at which each sequence is pooled: the first end-of-text token, or with the
+    /// legacy `eos_token_id = 2` the first occurrence of the highest id (transformers' rule).
+    pub fn pool_positions(&self, ids: &[Vec<u32>]) -> crate::Result<Vec<usize>> {
+        ids.iter()
+            .enumerate()
+            .map(|(b, row)| {
+                let found = if self.eos_token_id == 2 {
+                    let max = row.iter().copied().max();
+                    row.iter().position(|&t| Some(t) == max)
+                } else {
+                    row.iter().position(|&t| t as usize == self.eos_token_id)
+                };
+                found.ok_or_else(|| {
+                    crate::Error::config(
+                        "input_ids",
+                        format!("sequence {b} holds no end-of-text token {}", self.eos_token_id),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Encodes token sequences of equal length (at most 77): penultimate-layer features and
+    /// the projected feature of the final-normed last layer at each pooling position.
+    pub fn forward(&self, ids: &[Vec<u32>], device: &B::Device) -> crate::Result<ClipOutput<B>> {
+        let t = ids.first().map_or(0, Vec::len);
+        if ids.is_empty() || t == 0 || t > self.max_positions || ids.iter().any(|r| r.len() != t) {
+            let lens: Vec<usize> = ids.iter().map(Vec::len).collect();
+            return Err(crate::Error::shape(
+                "input_ids",
+                format!("[B >= 1, T] with 1 <= T <= {} for every row", self.max_positions),
+                &lens,
+            ));
+        }
+        if let Some(&bad) = ids.iter().flatten().find(|&&i| i as usize >= self.vocab_size) {
+            return Err(crate::Error::config(
+                "input_ids",
+                format!("token id {bad} is outside the vocabulary of {}", self.vocab_size),
+            ));
+        }
+        let pool = self.pool_positions(ids)?;
+        let b = ids.len();
+        let flat: Vec<i64> = ids.iter().flatten().map(|&i| i as i64).collect();
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [b, t]), device);
+        let positions = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
+        let tm = &self.text_model;
+        let mut x = tm.embeddings.token_embedding.forward(tokens)
+            + tm.embeddings.position_embedding.forward(positions);
+        let (last, rest) = tm.encoder.layers.split_last().expect("validated: >= 2 layers");
+        for layer in rest {
+            x = layer.forward(x);
+        }
+        let hidden = x.clone();
+        let x = tm.final_layer_norm.forward(last.forward(x));
+        let d = x.dims()[2];
+        let rows: Vec<Tensor<B, 2>> = pool
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| x.clone().slice([i..i + 1, p..p + 1]).reshape([1, d]))
+            .collect();
+        let pooled = self.text_projection.forward(Tensor::cat(rows, 0));
+        Ok(ClipOutput { hidden, pooled })
+    }
+}
