@@ -2,15 +2,19 @@
 //!
 //! With no arguments it trains the embedded toy model (`models/toy/`, coloured shapes, a
 //! rule-based GenEval-like reward) on the CPU and prints the held-out reward before and after.
-//! `--model DIR` trains a diffusers SD3 / SD3.5 folder (needs the text encoders and VAE of
-//! issue 6); `--features cuda` selects the GPU backend; `--objective flow-grpo` the baseline.
+//! `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings (the toy
+//! task's GenEval-style prompts and rule-based scorer are the reward until a learned reward
+//! model exists); `--features cuda` selects the GPU backend; `--objective flow-grpo` the
+//! baseline.
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use tpgrpo::backend::{self, TrainBackend};
+use tpgrpo::backend::{self, Backend, TrainBackend};
+use tpgrpo::model::MMDiT;
+use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::toy::{self, ToyScorer};
-use tpgrpo::train::EpochMetrics;
+use tpgrpo::train::{EpochMetrics, TrainConfig, Trainer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -34,6 +38,9 @@ struct Args {
     /// Continue from the latest checkpoint in the output folder.
     #[arg(long)]
     resume: bool,
+    /// Image side in pixels with `--model` (Flow-GRPO trains SD3.5 at 512).
+    #[arg(long, default_value_t = 512)]
+    resolution: usize,
 }
 
 fn main() {
@@ -67,29 +74,12 @@ fn print_epoch(m: &EpochMetrics) {
 }
 
 fn run(args: Args) -> tpgrpo::Result<()> {
-    if let Some(dir) = &args.model {
-        let missing: Vec<&str> = ["text_encoder", "text_encoder_2", "text_encoder_3", "vae"]
-            .into_iter()
-            .filter(|d| !dir.join(d).is_dir())
-            .collect();
-        return Err(tpgrpo::Error::config(
-            "model",
-            format!(
-                "training {} needs the SD3 text encoders (CLIP-L, CLIP-G, T5) and the VAE, which \
-                 tpgrpo does not implement yet (issue 6){}; the transformer alone loads with \
-                 MMDiT::load. Run without --model for the embedded task.",
-                dir.display(),
-                if missing.is_empty() {
-                    String::new()
-                } else {
-                    format!("; the folder also lacks {missing:?}")
-                }
-            ),
-        ));
-    }
     let device = backend::device();
     let objective = format!("objective.objective={}", args.objective);
-    let sets: Vec<String> = std::iter::once(objective).chain(args.sets).collect();
+    let sets: Vec<String> = std::iter::once(objective).chain(args.sets.iter().cloned()).collect();
+    if let Some(dir) = &args.model {
+        return train_diffusers(dir, &args, &sets, &device);
+    }
     let config = toy::train_config().with_sources(args.config.as_deref(), &sets)?;
     let out = args.out.unwrap_or_else(|| PathBuf::from(format!("runs/toy-{}", args.objective)));
     println!(
@@ -106,7 +96,12 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);
     }
-    let history = trainer.train(print_epoch)?;
+    report(&trainer.train(print_epoch)?, &out);
+    Ok(())
+}
+
+/// Prints the held-out reward at the first and last evaluation.
+fn report(history: &[EpochMetrics], out: &std::path::Path) {
     let evals: Vec<(usize, f64)> =
         history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect();
     if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
@@ -120,5 +115,58 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         );
     }
     println!("metrics: {}", out.join("metrics.jsonl").display());
+}
+
+/// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 folder with the reference settings
+/// (`TrainConfig` defaults), the GenEval-style prompts of the embedded task and its rule-based
+/// scorer as the reward, at `--resolution`.
+fn train_diffusers(
+    dir: &std::path::Path,
+    args: &Args,
+    sets: &[String],
+    device: &backend::Device,
+) -> tpgrpo::Result<()> {
+    let config = TrainConfig::new().with_sources(args.config.as_deref(), sets)?;
+    let out =
+        args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/sd3-{}", args.objective)));
+    let transformer = MMDiT::<TrainBackend>::load(dir, device)?;
+    let (c, f) = (transformer.config.in_channels, 8);
+    if args.resolution % (f * transformer.config.patch_size) != 0 {
+        return Err(tpgrpo::Error::config(
+            "resolution",
+            format!(
+                "{} is not a multiple of {}",
+                args.resolution,
+                f * transformer.config.patch_size
+            ),
+        ));
+    }
+    let latent = [c, args.resolution / f, args.resolution / f];
+    let conditioner = Sd3Conditioner::<Backend>::load(dir, DEFAULT_T5_LENGTH, latent, device)?;
+    println!(
+        "tpgrpo train_sd3: {} with {} on {}, {} epochs of {} prompts x {} at {}px, output {}",
+        dir.display(),
+        args.objective,
+        backend::NAME,
+        config.epochs,
+        config.prompts_per_epoch,
+        config.group_size,
+        args.resolution,
+        out.display()
+    );
+    let mut trainer = Trainer::new(
+        config,
+        transformer,
+        conditioner,
+        Box::new(ToyScorer),
+        toy::prompts(toy::Split::Train),
+        toy::prompts(toy::Split::Eval),
+        &out,
+    )?;
+    if args.resume {
+        trainer.resume()?;
+        println!("resumed after epoch {}", trainer.epoch);
+    }
+    report(&trainer.train(print_epoch)?, &out);
     Ok(())
 }

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use tpgrpo::backend::{self, Backend};
 use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
+use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::Error;
 
 /// tpgrpo: TP-GRPO fine-tuning tools.
@@ -26,12 +28,65 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generate an image with an SD3 / SD3.5 diffusers folder.
+    Sample {
+        /// The diffusers folder (`model_index.json`, `transformer/`, `vae/`, text encoders).
+        #[arg(long)]
+        model: PathBuf,
+        /// The prompt.
+        #[arg(long)]
+        prompt: String,
+        /// Negative prompt.
+        #[arg(long, default_value = "")]
+        negative_prompt: String,
+        /// Euler steps.
+        #[arg(long, default_value_t = 40)]
+        steps: usize,
+        /// Classifier-free guidance scale.
+        #[arg(long, default_value_t = 4.5)]
+        cfg: f64,
+        /// Noise seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Image height in pixels (default: the model's native size).
+        #[arg(long)]
+        height: Option<usize>,
+        /// Image width in pixels (default: the model's native size).
+        #[arg(long)]
+        width: Option<usize>,
+        /// T5 sequence length.
+        #[arg(long, default_value_t = tpgrpo::pipeline::DEFAULT_T5_LENGTH)]
+        max_sequence_length: usize,
+        /// Output PNG.
+        #[arg(long, default_value = "img.png")]
+        out: PathBuf,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Credit { input, json } => credit(&input, json),
+        Command::Sample {
+            model,
+            prompt,
+            negative_prompt,
+            steps,
+            cfg,
+            seed,
+            height,
+            width,
+            max_sequence_length,
+            out,
+        } => {
+            let config = SampleConfig::new()
+                .with_steps(steps)
+                .with_guidance_scale(cfg)
+                .with_height(height)
+                .with_width(width)
+                .with_negative_prompt(negative_prompt);
+            sample(&model, &prompt, seed, max_sequence_length, &config, &out)
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -51,5 +106,21 @@ fn credit(path: &PathBuf, json: bool) -> tpgrpo::Result<()> {
     } else {
         print!("{}", render_table(&report));
     }
+    Ok(())
+}
+
+fn sample(
+    model: &std::path::Path,
+    prompt: &str,
+    seed: u64,
+    max_sequence_length: usize,
+    config: &SampleConfig,
+    out: &std::path::Path,
+) -> tpgrpo::Result<()> {
+    let device = backend::device();
+    let pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
+    let images = pipe.generate(&[prompt], &[seed], config)?;
+    tpgrpo::train::plot::save_png(out, &images[0])?;
+    println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
     Ok(())
 }

@@ -118,7 +118,7 @@ fn vae_matches_diffusers_from_folder_and_single_file() {
 fn prompt_embeddings_and_a_four_step_run_match_diffusers() {
     let c = cases();
     let device = common::device();
-    let pipe = Sd3Pipeline::<B>::load(folder(), c.max_t5, [16, 16], &device).unwrap();
+    let pipe = Sd3Pipeline::<B>::load(folder(), c.max_t5, &device).unwrap();
     let texts: Vec<&str> = c.prompts.iter().map(String::as_str).collect();
     let cond = pipe.conditioner.encode(&texts).unwrap();
     let uncond = pipe.conditioner.encode(&["", ""]).unwrap();
@@ -139,7 +139,7 @@ fn prompt_embeddings_and_a_four_step_run_match_diffusers() {
 fn embedding_cache_round_trips_without_the_encoders() {
     let c = cases();
     let device = common::device();
-    let mut pipe = Sd3Pipeline::<B>::load(folder(), c.max_t5, [16, 16], &device).unwrap();
+    let mut pipe = Sd3Pipeline::<B>::load(folder(), c.max_t5, &device).unwrap();
     let texts: Vec<&str> = c.prompts.iter().map(String::as_str).collect();
     let path = common::scratch("embedding-cache").join("prompts.safetensors");
     let encoders = pipe.conditioner.encoders.take().unwrap();
@@ -158,7 +158,7 @@ fn embedding_cache_round_trips_without_the_encoders() {
 fn bad_folders_are_named() {
     let device = common::device();
     let dir = common::scratch("bad-pipeline");
-    let err = Sd3Pipeline::<B>::load(&dir, 16, [16, 16], &device).unwrap_err().to_string();
+    let err = Sd3Pipeline::<B>::load(&dir, 16, &device).unwrap_err().to_string();
     assert!(err.contains("model_index.json"), "{err}");
     // A CLIP folder whose weights do not match its config names the key and both shapes.
     let clip = dir.join("text_encoder");

@@ -152,24 +152,6 @@ fn invalid_settings_name_the_field() {
 }
 
 /// Mean brightness: a reward whose optimum is obvious, to check the update's direction.
-struct Brightness;
-
-impl tpgrpo::reward::Reward for Brightness {
-    fn name(&self) -> &str {
-        "brightness"
-    }
-    fn score(
-        &self,
-        images: &[tpgrpo::reward::Image],
-        _: &[tpgrpo::reward::Prompt],
-    ) -> tpgrpo::Result<Vec<f64>> {
-        Ok(images
-            .iter()
-            .map(|im| im.pixels.iter().map(|&v| v as f64).sum::<f64>() / im.pixels.len() as f64)
-            .collect())
-    }
-}
-
 #[test]
 fn updates_move_the_reward_up() {
     for objective in ["tp-grpo", "flow-grpo"] {
@@ -195,9 +177,13 @@ fn updates_move_the_reward_up() {
         .collect();
         let cfg = toy::train_config().with_sources(None, &sets).unwrap();
         let out = common::scratch(&format!("train-bright-{objective}"));
-        let mut t =
-            toy::trainer::<TrainBackend>(cfg, Box::new(Brightness), &out, &Default::default())
-                .unwrap();
+        let mut t = toy::trainer::<TrainBackend>(
+            cfg,
+            Box::new(common::Brightness),
+            &out,
+            &Default::default(),
+        )
+        .unwrap();
         let h = t.train(|_| {}).unwrap();
         let (before, after) = (h[0].eval_reward.unwrap(), h[6].eval_reward.unwrap());
         eprintln!("{objective}: brightness {before:.4} -> {after:.4}");

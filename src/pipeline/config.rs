@@ -11,12 +11,12 @@ pub struct SampleConfig {
     /// Classifier-free guidance scale.
     #[config(default = 4.5)]
     pub guidance_scale: f64,
-    /// Image height in pixels (a multiple of 8 x patch size).
-    #[config(default = 1024)]
-    pub height: usize,
-    /// Image width in pixels.
-    #[config(default = 1024)]
-    pub width: usize,
+    /// Image height in pixels (a multiple of 8 x patch size); `None`: the model's native size.
+    #[config(default = "None")]
+    pub height: Option<usize>,
+    /// Image width in pixels; `None`: the model's native size.
+    #[config(default = "None")]
+    pub width: Option<usize>,
     /// Negative prompt.
     #[config(default = "String::new()")]
     pub negative_prompt: String,

@@ -106,6 +106,26 @@ pub struct Sd3Conditioner<B: Backend> {
     device: B::Device,
 }
 
+impl<B: Backend> Sd3Conditioner<B> {
+    /// Loads the text encoders, tokenizers and VAE of a diffusers SD3 folder for latents of
+    /// shape `latent` (`[C, H/8, W/8]`).
+    pub fn load(
+        dir: impl AsRef<Path>,
+        max_sequence_length: usize,
+        latent: [usize; 3],
+        device: &B::Device,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        Ok(Sd3Conditioner {
+            encoders: Some(Sd3TextEncoders::load(dir, max_sequence_length, device)?),
+            cache: None,
+            vae: AutoencoderKL::load(dir.join("vae"), device)?,
+            latent,
+            device: device.clone(),
+        })
+    }
+}
+
 impl<B: Backend> crate::train::Pipeline<B> for Sd3Conditioner<B> {
     fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
         if let Some(cache) = &self.cache {
@@ -283,12 +303,11 @@ fn scheduler_shift(dir: &Path) -> Result<f64> {
 }
 
 impl<B: Backend> Sd3Pipeline<B> {
-    /// Opens a diffusers SD3 folder. Images are `height x width` (for training: the latent
-    /// size); T5 sequences get `max_sequence_length` tokens.
+    /// Opens a diffusers SD3 folder; T5 sequences get `max_sequence_length` tokens. The image
+    /// size starts at the transformer's native one (`sample_size x` the VAE factor).
     pub fn load(
         dir: impl AsRef<Path>,
         max_sequence_length: usize,
-        [height, width]: [usize; 2],
         device: &B::Device,
     ) -> Result<Self> {
         let dir = dir.as_ref();
@@ -297,26 +316,33 @@ impl<B: Backend> Sd3Pipeline<B> {
             return Err(Error::format(dir, "not a diffusers pipeline folder: no model_index.json"));
         }
         let transformer = MMDiT::load(dir.join("transformer"), device)?;
-        let vae = AutoencoderKL::load(dir.join("vae"), device)?;
-        let f = vae.downsample_factor();
-        let unit = f * transformer.config.patch_size;
+        let (c, s) = (transformer.config.in_channels, transformer.config.sample_size);
+        Ok(Sd3Pipeline {
+            conditioner: Sd3Conditioner::load(dir, max_sequence_length, [c, s, s], device)?,
+            transformer,
+            shift: scheduler_shift(dir)?,
+        })
+    }
+
+    /// `[height, width]` of the images, in pixels.
+    pub fn image_size(&self) -> [usize; 2] {
+        let f = self.conditioner.vae.downsample_factor();
+        [self.conditioner.latent[1] * f, self.conditioner.latent[2] * f]
+    }
+
+    /// Sets the image size (training rollouts and default sampling); both sides must be
+    /// positive multiples of the VAE factor times the patch size.
+    pub fn set_image_size(&mut self, [height, width]: [usize; 2]) -> Result<()> {
+        let f = self.conditioner.vae.downsample_factor();
+        let unit = f * self.transformer.config.patch_size;
         if height == 0 || width == 0 || height % unit != 0 || width % unit != 0 {
             return Err(Error::config(
                 "height/width",
                 format!("{height}x{width} is not a positive multiple of {unit} (VAE x patch)"),
             ));
         }
-        Ok(Sd3Pipeline {
-            conditioner: Sd3Conditioner {
-                encoders: Some(Sd3TextEncoders::load(dir, max_sequence_length, device)?),
-                cache: None,
-                vae,
-                latent: [transformer.config.in_channels, height / f, width / f],
-                device: device.clone(),
-            },
-            transformer,
-            shift: scheduler_shift(dir)?,
-        })
+        self.conditioner.latent[1..].copy_from_slice(&[height / f, width / f]);
+        Ok(())
     }
 
     /// Denoises `noise` `[B, C, h, w]` from sigma 1 with `steps` guided Euler steps.
@@ -355,8 +381,25 @@ impl<B: Backend> Sd3Pipeline<B> {
             ));
         }
         let device = &self.conditioner.device;
-        let f = self.conditioner.vae.downsample_factor();
-        let shape = [self.conditioner.latent[0], config.height / f, config.width / f];
+        let [h, w] = self.image_size();
+        let mut sized = [config.height.unwrap_or(h), config.width.unwrap_or(w)];
+        if sized != [h, w] {
+            let f = self.conditioner.vae.downsample_factor();
+            let unit = f * self.transformer.config.patch_size;
+            if sized.iter().any(|&x| x == 0 || x % unit != 0) {
+                return Err(Error::config(
+                    "height/width",
+                    format!(
+                        "{}x{} is not a positive multiple of {unit} (VAE x patch)",
+                        sized[0], sized[1]
+                    ),
+                ));
+            }
+            sized = [sized[0] / f, sized[1] / f];
+        } else {
+            sized = [self.conditioner.latent[1], self.conditioner.latent[2]];
+        }
+        let shape = [self.conditioner.latent[0], sized[0], sized[1]];
         let noise = seeded_noise::<B>(seeds, 0, shape, device);
         let cond = self.conditioner.encode(prompts)?;
         let negatives = vec![config.negative_prompt.as_str(); prompts.len()];

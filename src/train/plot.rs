@@ -14,6 +14,15 @@ fn save(img: &RgbImage, path: &Path) -> Result<()> {
     })
 }
 
+/// Writes one image as a PNG, atomically.
+pub fn save_png(path: &Path, image: &Image) -> Result<()> {
+    let out = RgbImage::from_raw(image.width as u32, image.height as u32, image.to_u8())
+        .ok_or_else(|| {
+            Error::shape("image", "height x width x 3 bytes", &[image.height, image.width])
+        })?;
+    save(&out, path)
+}
+
 /// Writes `images` as a grid PNG with `cols` columns, each pixel enlarged `scale` times.
 pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Result<()> {
     let Some(first) = images.first() else {

@@ -86,3 +86,23 @@ pub fn noise<BB: Backend, const D: usize>(seed: u64, shape: [usize; D]) -> Tenso
     let values = tpgrpo::sampler::noise::gaussian(seed, 0, count);
     Tensor::from_data(TensorData::new(values, shape), &Default::default())
 }
+
+/// Mean pixel value: a reward with an obvious optimum, for checking the update direction.
+#[allow(dead_code)]
+pub struct Brightness;
+
+impl tpgrpo::reward::Reward for Brightness {
+    fn name(&self) -> &str {
+        "brightness"
+    }
+    fn score(
+        &self,
+        images: &[tpgrpo::reward::Image],
+        _: &[tpgrpo::reward::Prompt],
+    ) -> tpgrpo::Result<Vec<f64>> {
+        Ok(images
+            .iter()
+            .map(|im| im.pixels.iter().map(|&v| v as f64).sum::<f64>() / im.pixels.len() as f64)
+            .collect())
+    }
+}
