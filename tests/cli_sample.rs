@@ -35,6 +35,16 @@ fn sample_writes_a_png_from_the_tiny_folder() {
     assert_ne!(a.as_raw(), c.as_raw(), "another seed, another image");
     assert!(a.as_raw().iter().any(|&v| v != a.as_raw()[0]), "not a constant image");
 
+    let o = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+        .args(["sample", "--model"])
+        .arg(&model)
+        .args(["--prompt", "x", "--steps", "2", "--height", "10", "--out"])
+        .arg(dir.join("bad.png"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("height/width") && err.contains("10x16"), "{err}");
+
     let (ok, err) = sample(&dir.join("no-such-model"), 0, &dir.join("x.png"));
     assert!(!ok && err.contains("no-such-model") && err.contains("model_index.json"), "{err}");
 }

@@ -332,7 +332,15 @@ impl<B: Backend> Sd3Pipeline<B> {
 
     /// Sets the image size (training rollouts and default sampling); both sides must be
     /// positive multiples of the VAE factor times the patch size.
-    pub fn set_image_size(&mut self, [height, width]: [usize; 2]) -> Result<()> {
+    pub fn set_image_size(&mut self, size: [usize; 2]) -> Result<()> {
+        let [h, w] = self.latent_size(size)?;
+        self.conditioner.latent[1..].copy_from_slice(&[h, w]);
+        Ok(())
+    }
+
+    /// The latent `[h, w]` of an image `[height, width]`; errors unless both sides are
+    /// positive multiples of the VAE factor times the patch size.
+    fn latent_size(&self, [height, width]: [usize; 2]) -> Result<[usize; 2]> {
         let f = self.conditioner.vae.downsample_factor();
         let unit = f * self.transformer.config.patch_size;
         if height == 0 || width == 0 || height % unit != 0 || width % unit != 0 {
@@ -341,8 +349,7 @@ impl<B: Backend> Sd3Pipeline<B> {
                 format!("{height}x{width} is not a positive multiple of {unit} (VAE x patch)"),
             ));
         }
-        self.conditioner.latent[1..].copy_from_slice(&[height / f, width / f]);
-        Ok(())
+        Ok([height / f, width / f])
     }
 
     /// Denoises `noise` `[B, C, h, w]` from sigma 1 with `steps` guided Euler steps.
@@ -382,24 +389,8 @@ impl<B: Backend> Sd3Pipeline<B> {
         }
         let device = &self.conditioner.device;
         let [h, w] = self.image_size();
-        let mut sized = [config.height.unwrap_or(h), config.width.unwrap_or(w)];
-        if sized != [h, w] {
-            let f = self.conditioner.vae.downsample_factor();
-            let unit = f * self.transformer.config.patch_size;
-            if sized.iter().any(|&x| x == 0 || x % unit != 0) {
-                return Err(Error::config(
-                    "height/width",
-                    format!(
-                        "{}x{} is not a positive multiple of {unit} (VAE x patch)",
-                        sized[0], sized[1]
-                    ),
-                ));
-            }
-            sized = [sized[0] / f, sized[1] / f];
-        } else {
-            sized = [self.conditioner.latent[1], self.conditioner.latent[2]];
-        }
-        let shape = [self.conditioner.latent[0], sized[0], sized[1]];
+        let [lh, lw] = self.latent_size([config.height.unwrap_or(h), config.width.unwrap_or(w)])?;
+        let shape = [self.conditioner.latent[0], lh, lw];
         let noise = seeded_noise::<B>(seeds, 0, shape, device);
         let cond = self.conditioner.encode(prompts)?;
         let negatives = vec![config.negative_prompt.as_str(); prompts.len()];
