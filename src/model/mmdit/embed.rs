@@ -1,7 +1,7 @@
 //! Input embedders: patches with a cropped position table, timestep and pooled-text vectors,
 //! and the text-feature projection.
 
-use burn::module::{Initializer, Param};
+use burn::module::{Param, ParamId};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
@@ -22,20 +22,63 @@ pub struct PatchEmbed<B: Backend> {
     pub max_size: usize,
 }
 
+/// diffusers' fixed 2-D sin-cos position table `[M*M, D]` (`get_2d_sincos_pos_embed` with
+/// `base_size`, interpolation scale 1), row-major over the `M x M` grid. For the patch in row
+/// `i`, column `j`, with `s = base_size / M`: the first `D/2` channels are `emb(j s)`, the last
+/// `D/2` are `emb(i s)`, where `emb(x) = [sin(x w_k), cos(x w_k)]` over
+/// `w_k = 10000^(-k / (D/4))`, `k < D/4`.
+pub fn sincos_pos_table(dim: usize, max_size: usize, base_size: usize) -> Vec<f32> {
+    let quarter = dim / 4;
+    let scale = base_size as f64 / max_size as f64;
+    let emb = |x: f64, out: &mut Vec<f32>| {
+        let w = |k: usize| 10000f64.powf(-(k as f64) / quarter as f64);
+        out.extend((0..quarter).map(|k| (x * w(k)).sin() as f32));
+        out.extend((0..quarter).map(|k| (x * w(k)).cos() as f32));
+    };
+    let mut table = Vec::with_capacity(max_size * max_size * dim);
+    for i in 0..max_size {
+        for j in 0..max_size {
+            emb(j as f64 * scale, &mut table);
+            emb(i as f64 * scale, &mut table);
+        }
+    }
+    table
+}
+
 impl<B: Backend> PatchEmbed<B> {
-    /// A patch embedder for `in_channels` latent channels, width `dim`, an `M x M` table.
+    /// A patch embedder for `in_channels` latent channels, width `dim`, an `M x M` table
+    /// initialised as diffusers does ([`sincos_pos_table`] with `base_size` = sample size /
+    /// patch); loading a checkpoint replaces it.
     pub fn new(
         in_channels: usize,
         dim: usize,
         patch: usize,
         max_size: usize,
+        base_size: usize,
         device: &B::Device,
     ) -> Self {
+        // Lazy, like every other parameter: loading a checkpoint never computes it.
+        let shape = [1, max_size * max_size, dim];
+        let init = move |device: &B::Device, require_grad: bool| {
+            let table = sincos_pos_table(dim, max_size, base_size);
+            let t = Tensor::<B, 3>::from_data(TensorData::new(table, shape), device);
+            if require_grad {
+                t.require_grad()
+            } else {
+                t
+            }
+        };
         PatchEmbed {
             proj: Conv2dConfig::new([in_channels, dim], [patch, patch])
                 .with_stride([patch, patch])
                 .init(device),
-            pos_embed: Initializer::Zeros.init([1, max_size * max_size, dim], device),
+            pos_embed: Param::uninitialized(
+                ParamId::new(),
+                init,
+                device.clone(),
+                true,
+                shape.into(),
+            ),
             patch_size: patch,
             max_size,
         }
@@ -135,5 +178,22 @@ impl<B: Backend> TimeTextEmbed<B> {
     pub fn forward(&self, timestep: Tensor<B, 1>, pooled: Tensor<B, 2>) -> Tensor<B, 2> {
         self.timestep_embedder.forward(timestep_features(timestep))
             + self.text_embedder.forward(pooled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sincos_pos_table;
+
+    #[test]
+    fn position_table_matches_diffusers() {
+        // diffusers get_2d_sincos_pos_embed(8, 2, base_size=2): row 1 is (row 0, column 1).
+        let t = sincos_pos_table(8, 2, 2);
+        let (s1, c1, s2, c2) = (1f32.sin(), 1f32.cos(), 0.01f32.sin(), 0.01f32.cos());
+        assert_eq!(&t[8..16], &[s1, s2, c1, c2, 0.0, 0.0, 1.0, 1.0]);
+        assert_eq!(&t[16..24], &[0.0, 0.0, 1.0, 1.0, s1, s2, c1, c2]);
+        // grid 4, base 2: positions scaled by 1/2; row 5 is (1, 1): sin(0.5) = 0.4794.
+        let t = sincos_pos_table(8, 4, 2);
+        assert!((t[40] - 0.5f32.sin()).abs() < 1e-7 && (t[44] - 0.5f32.sin()).abs() < 1e-7);
     }
 }

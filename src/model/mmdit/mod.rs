@@ -55,6 +55,7 @@ impl MMDiTConfig {
                 dim,
                 self.patch_size,
                 self.pos_embed_max_size,
+                self.sample_size / self.patch_size,
                 device,
             ),
             time_text_embed: TimeTextEmbed::new(dim, self.pooled_projection_dim, device),
