@@ -133,15 +133,16 @@ pub struct ClipAttention<B: Backend> {
 }
 
 impl<B: Backend> ClipAttention<B> {
-    /// `softmax(q k^T / sqrt(Dh) + causal) v` over `heads` heads of `x: [B, T, D]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// `softmax(q k^T / sqrt(Dh) + mask) v` over `heads` heads of `x: [B, T, D]`, with the
+    /// causal `mask` `[1, 1, T, T]` built once per forward pass.
+    pub fn forward(&self, x: Tensor<B, 3>, mask: Tensor<B, 4>) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
         let dh = d / self.heads;
         let split = |y: Tensor<B, 3>| y.reshape([b, t, self.heads, dh]).swap_dims(1, 2);
         let q = split(self.q_proj.forward(x.clone())) * (1.0 / (dh as f64).sqrt());
         let k = split(self.k_proj.forward(x.clone()));
         let v = split(self.v_proj.forward(x));
-        let scores = q.matmul(k.swap_dims(2, 3)) + causal_mask::<B>(t, &v.device());
+        let scores = q.matmul(k.swap_dims(2, 3)) + mask;
         let out = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, t, d]);
         self.out_proj.forward(out)
     }
@@ -188,8 +189,8 @@ pub struct ClipEncoderLayer<B: Backend> {
 
 impl<B: Backend> ClipEncoderLayer<B> {
     /// `x + attn(ln1 x)`, then `+ mlp(ln2 .)`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
+    pub fn forward(&self, x: Tensor<B, 3>, mask: Tensor<B, 4>) -> Tensor<B, 3> {
+        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x), mask);
         x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
     }
 }
@@ -239,11 +240,10 @@ impl<B: Backend> ClipTextModel<B> {
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
         let dir = dir.as_ref();
         let config: ClipTextConfig = read_config(dir.join("config.json"))?;
-        config
-            .validate()
+        let mut model = config
+            .init(device)
             .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
         let files = WeightFiles::open_dir(dir, "model")?;
-        let mut model = config.init(device)?;
         apply_plan(
             &mut model,
             &files,
@@ -303,11 +303,12 @@ impl<B: Backend> ClipTextModel<B> {
         let mut x = tm.embeddings.token_embedding.forward(tokens)
             + tm.embeddings.position_embedding.forward(positions);
         let (last, rest) = tm.encoder.layers.split_last().expect("validated: >= 2 layers");
+        let mask = causal_mask::<B>(t, device);
         for layer in rest {
-            x = layer.forward(x);
+            x = layer.forward(x, mask.clone());
         }
         let hidden = x.clone();
-        let x = tm.final_layer_norm.forward(last.forward(x));
+        let x = tm.final_layer_norm.forward(last.forward(x, mask));
         let d = x.dims()[2];
         let rows: Vec<Tensor<B, 2>> = pool
             .iter()

@@ -389,11 +389,10 @@ impl<B: Backend> AutoencoderKL<B> {
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
         let dir = dir.as_ref();
         let config: VaeConfig = read_config(dir.join("config.json"))?;
-        config
-            .validate()
+        let mut vae = config
+            .init(device)
             .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
         let files = WeightFiles::open_dir(dir, "diffusion_pytorch_model")?;
-        let mut vae = config.init(device)?;
         apply_plan(&mut vae, &files, dir, |p| Source::key(Self::diffusers_key(p)), |_| true)?;
         Ok(vae)
     }

@@ -195,15 +195,17 @@ impl EmbeddingCache {
         }
         let n = all.len();
         let names = serde_json::to_string(&all).expect("strings serialise");
+        let mut tensors = [
+            ("prompt_embeds".to_string(), vec![n, text_shape[0], text_shape[1]], text),
+            ("pooled_prompt_embeds".to_string(), vec![n, pooled_width], pooled),
+        ];
         save_safetensors_with_metadata(
             path.as_ref(),
-            &[
-                ("prompt_embeds".into(), vec![n, text_shape[0], text_shape[1]], text.clone()),
-                ("pooled_prompt_embeds".into(), vec![n, pooled_width], pooled.clone()),
-            ],
+            &tensors,
             Some(HashMap::from([("prompts".to_string(), names)])),
         )?;
         let index = all.iter().enumerate().map(|(i, p)| (p.to_string(), i)).collect();
+        let (text, pooled) = (std::mem::take(&mut tensors[0].2), std::mem::take(&mut tensors[1].2));
         Ok(EmbeddingCache { index, text, pooled, text_shape, pooled_width })
     }
 

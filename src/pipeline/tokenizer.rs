@@ -7,6 +7,7 @@
 //! regex and byte-level pre-tokenisation; BPE with `</w>` word ends; `<|startoftext|>` ...
 //! `<|endoftext|>` around every sequence.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use tokenizers::models::bpe::BPE;
@@ -43,9 +44,11 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
-/// Special token `name` (`pad_token`, `bos_token`, ...) of a tokenizer folder:
-/// `tokenizer_config.json`, else `special_tokens_map.json` (a string or `{"content": ...}`).
-fn special_token(dir: &Path, name: &str) -> Result<Option<String>> {
+/// The special tokens (`bos_token`, `eos_token`, `unk_token`, `pad_token`) of a tokenizer
+/// folder, each from `tokenizer_config.json`, else `special_tokens_map.json` (a string or
+/// `{"content": ...}`); each file is read once.
+fn special_tokens(dir: &Path) -> Result<BTreeMap<&'static str, String>> {
+    let mut files = Vec::new();
     for file in ["tokenizer_config.json", "special_tokens_map.json"] {
         let path = dir.join(file);
         if !path.is_file() {
@@ -54,17 +57,20 @@ fn special_token(dir: &Path, name: &str) -> Result<Option<String>> {
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::format(&path, format!("invalid JSON: {e}")))?;
-        match &json[name] {
-            serde_json::Value::String(s) => return Ok(Some(s.clone())),
-            serde_json::Value::Object(o) => {
-                if let Some(serde_json::Value::String(s)) = o.get("content") {
-                    return Ok(Some(s.clone()));
-                }
-            }
-            _ => {}
+        files.push(json);
+    }
+    let mut found = BTreeMap::new();
+    for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        let token = files.iter().find_map(|json| match &json[name] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+            _ => None,
+        });
+        if let Some(t) = token {
+            found.insert(name, t);
         }
     }
-    Ok(None)
+    Ok(found)
 }
 
 fn tok_err(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
@@ -127,14 +133,11 @@ impl TextTokenizer {
         };
         // transformers registers the special tokens as added tokens, so they match as whole
         // units inside text (SD3's CLIP-G pads with "!", which then never merges).
-        let mut specials = Vec::new();
-        for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
-            if let Some(t) = special_token(dir, name)? {
-                specials.push(AddedToken::from(t, true));
-            }
-        }
-        inner.add_special_tokens(&specials);
-        let pad = special_token(dir, "pad_token")?.ok_or_else(|| {
+        let specials = special_tokens(dir)?;
+        let added: Vec<AddedToken> =
+            specials.values().map(|t| AddedToken::from(t.clone(), true)).collect();
+        inner.add_special_tokens(&added);
+        let pad = specials.get("pad_token").cloned().ok_or_else(|| {
             Error::format(dir, "no pad_token in tokenizer_config.json or special_tokens_map.json")
         })?;
         let pad_id = inner.token_to_id(&pad).ok_or_else(|| {
