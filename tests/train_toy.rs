@@ -133,6 +133,24 @@ fn flow_grpo_baseline_runs() {
     assert_eq!(m.nfe_per_sample, 4.0, "no ODE completions");
 }
 
+/// Two evaluation images per prompt: the first image of each prompt is the one-image
+/// evaluation's (same seed), and the mean covers both seeds.
+#[test]
+fn evaluation_draws_several_seeds_per_prompt() {
+    let one = trainer(config(1, "tp-grpo"), &common::scratch("train-eval-one"));
+    let mut cfg = config(1, "tp-grpo");
+    cfg.eval_images_per_prompt = 2;
+    let two = trainer(cfg, &common::scratch("train-eval-two"));
+    let (r1, first) = one.evaluate().unwrap();
+    let (r2, images) = two.evaluate().unwrap();
+    assert_eq!(images.len(), 4, "one grid image per prompt");
+    assert_eq!(images, first);
+    let second_seed_mean = 2.0 * r2 - r1;
+    assert!((0.0..=1.0).contains(&second_seed_mean), "{r1} {r2}");
+    let zero = config(1, "tp-grpo").with_sources(None, &["eval_images_per_prompt=0".into()]);
+    assert!(zero.unwrap_err().to_string().contains("eval_images_per_prompt"));
+}
+
 #[test]
 fn invalid_settings_name_the_field() {
     let base = toy::train_config();
@@ -157,10 +175,10 @@ fn updates_move_the_reward_up() {
     for objective in ["tp-grpo", "flow-grpo"] {
         let sets: Vec<String> = [
             "epochs=6",
-            "prompts_per_epoch=2",
+            "prompts_per_epoch=4",
             "group_size=6",
-            "rollout_batch=12",
-            "train_batch=12",
+            "rollout_batch=24",
+            "train_batch=24",
             "rollout.num_steps=4",
             "rollout.window_size=2",
             "optimizer_steps_per_epoch=1",

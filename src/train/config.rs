@@ -46,6 +46,9 @@ pub struct TrainConfig {
     /// Held-out prompts evaluated (the first ones of the split); 0: all.
     #[config(default = 0)]
     pub eval_prompts: usize,
+    /// Evaluation images per held-out prompt, each from its own fixed seed (GenEval draws 4).
+    #[config(default = 1)]
+    pub eval_images_per_prompt: usize,
     /// Write a checkpoint every this many epochs (and after the last); 0: only at the end.
     #[config(default = 10)]
     pub save_every: usize,
@@ -151,6 +154,7 @@ impl TrainConfig {
             ("train_batch", self.train_batch),
             ("optimizer_steps_per_epoch", self.optimizer_steps_per_epoch),
             ("eval_steps", self.eval_steps),
+            ("eval_images_per_prompt", self.eval_images_per_prompt),
         ];
         for (field, v) in positive {
             if v == 0 {

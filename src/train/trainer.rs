@@ -521,8 +521,9 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         self.model.valid().with_lora_tensors(self.ema.tensors.clone())
     }
 
-    /// Mean reward of `config.eval_steps`-step ODE samples (CFG, EMA weights, one fixed seed
-    /// per prompt) on the held-out prompts, and the images.
+    /// Mean reward of `config.eval_steps`-step ODE samples (CFG, EMA weights,
+    /// `eval_images_per_prompt` fixed seeds per prompt) on the held-out prompts, and the first
+    /// image of each prompt.
     pub fn evaluate(&self) -> Result<(f64, Vec<Image>)> {
         let cfg = &self.config;
         let model = self.ema_model()?;
@@ -532,16 +533,20 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         } else {
             cfg.eval_prompts.min(self.eval_prompts.len())
         };
-        let prompts = &self.eval_prompts[..count];
+        // Image j of prompt i is item j * count + i, whose seed is fixed by that index.
+        let items: Vec<Prompt> = (0..cfg.eval_images_per_prompt)
+            .flat_map(|_| self.eval_prompts[..count].iter().cloned())
+            .collect();
         let empty = self.pipeline.encode(&[""])?;
         let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
+        let chunk_size = cfg.rollout_batch * 4;
         let (mut scores, mut images) = (Vec::new(), Vec::new());
-        for (c, chunk) in prompts.chunks(cfg.rollout_batch * 4).enumerate() {
+        for (c, chunk) in items.chunks(chunk_size).enumerate() {
             let cond = self.encode_prompts(chunk)?;
             let uncond = Self::uncond(&empty, chunk.len());
             let seeds: Vec<u64> = (0..chunk.len())
-                .map(|i| mix(cfg.seed ^ 0xE7A1, (c * cfg.rollout_batch * 4 + i) as u64))
+                .map(|i| mix(cfg.seed ^ 0xE7A1, (c * chunk_size + i) as u64))
                 .collect();
             let noise = seeded_noise(&seeds, 0, shape, &device);
             let (out, _) = ode_completions(
@@ -556,6 +561,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             scores.extend(score_checked(self.reward.as_ref(), &imgs, chunk)?);
             images.extend(imgs);
         }
+        images.truncate(count);
         Ok((mean(&scores), images))
     }
 

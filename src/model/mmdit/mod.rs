@@ -11,7 +11,7 @@ pub mod load;
 pub mod norm;
 
 use burn::module::{ModuleMapper, Param};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
 pub use block::JointTransformerBlock;
@@ -85,6 +85,31 @@ impl<B: Backend> ModuleMapper<B> for Materialize {
 }
 
 impl<B: Backend> MMDiT<B> {
+    /// The model with DiT's adaLN-Zero initialisation for training from scratch: every
+    /// modulation linear (`norm1`, `norm1_context`, `norm_out`) and `proj_out` set to zero.
+    ///
+    /// All gates then start at 0, so each block is the identity, and the model predicts zero
+    /// velocity; the modulation learns first (Peebles & Xie 2023, and Stability's MMDiT training
+    /// code). [`MMDiTConfig::init`] keeps torch's default initialisation, as diffusers'
+    /// constructor does, since checkpoints replace it.
+    pub fn zero_init_modulation(mut self, device: &B::Device) -> Self {
+        let dim = self.config.hidden_size();
+        let zeros = |d_out: usize| {
+            LinearConfig::new(dim, d_out).with_initializer(Initializer::Zeros).init(device)
+        };
+        for block in &mut self.transformer_blocks {
+            block.norm1.linear = zeros(if block.norm1.dual { 9 } else { 6 } * dim);
+            match &mut block.norm1_context {
+                block::ContextNorm::Zero(norm) => norm.linear = zeros(6 * dim),
+                block::ContextNorm::Continuous(norm) => norm.linear = zeros(2 * dim),
+            }
+        }
+        let p = self.config.patch_size;
+        self.norm_out.linear = zeros(2 * dim);
+        self.proj_out = zeros(p * p * self.config.out_channels);
+        self
+    }
+
     /// The model with every lazily initialised parameter drawn. [`MMDiTConfig::init`] is lazy
     /// (nothing is allocated until used or loaded), and clones of an undrawn parameter draw
     /// independently; call this before cloning a randomly initialised model.
@@ -165,5 +190,55 @@ impl<B: Backend> MMDiT<B> {
             h * p,
             w * p,
         ]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+
+    use super::MMDiTConfig;
+    use crate::backend::Backend as B;
+
+    #[test]
+    fn zero_modulation_makes_blocks_identities_and_the_output_zero() {
+        let device = Default::default();
+        let config = MMDiTConfig::new()
+            .with_sample_size(8)
+            .with_patch_size(2)
+            .with_in_channels(3)
+            .with_out_channels(3)
+            .with_num_layers(3)
+            .with_attention_head_dim(8)
+            .with_num_attention_heads(2)
+            .with_joint_attention_dim(6)
+            .with_caption_projection_dim(16)
+            .with_pooled_projection_dim(5)
+            .with_pos_embed_max_size(4)
+            .with_dual_attention_layers(vec![0])
+            .with_qk_norm(Some("rms_norm".to_string()));
+        let random = config.init::<B>(&device).unwrap().materialize();
+        let x = Tensor::<B, 3>::random([2, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+        let c = Tensor::<B, 3>::random([2, 4, 16], Distribution::Normal(0.0, 1.0), &device);
+        let temb = Tensor::<B, 2>::random([2, 16], Distribution::Normal(0.0, 1.0), &device);
+        // Torch's default initialisation: the first (dual-attention) block changes both streams.
+        let (x1, c1) = random.transformer_blocks[0].forward(x.clone(), c.clone(), temb.clone());
+        assert!((x1 - x.clone()).abs().max().into_scalar() > 1e-2);
+        assert!((c1.unwrap() - c.clone()).abs().max().into_scalar() > 1e-2);
+
+        let zero = random.zero_init_modulation(&device);
+        for block in &zero.transformer_blocks[..2] {
+            let (x1, c1) = block.forward(x.clone(), c.clone(), temb.clone());
+            x1.into_data().assert_eq(&x.clone().into_data(), true);
+            c1.unwrap().into_data().assert_eq(&c.clone().into_data(), true);
+        }
+        let latent = Tensor::<B, 4>::random([2, 3, 8, 8], Distribution::Normal(0.0, 1.0), &device);
+        let text = Tensor::<B, 3>::random([2, 4, 6], Distribution::Normal(0.0, 1.0), &device);
+        let pooled = Tensor::<B, 2>::random([2, 5], Distribution::Normal(0.0, 1.0), &device);
+        let v = zero.forward(latent, Tensor::from_floats([500.0, 20.0], &device), text, pooled);
+        v.unwrap()
+            .into_data()
+            .assert_eq(&Tensor::<B, 4>::zeros([2, 3, 8, 8], &device).into_data(), true);
     }
 }
