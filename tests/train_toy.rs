@@ -134,19 +134,30 @@ fn flow_grpo_baseline_runs() {
 }
 
 /// Two evaluation images per prompt: the first image of each prompt is the one-image
-/// evaluation's (same seed), and the mean covers both seeds.
+/// evaluation's (same seed), and the mean also covers a second, different seed (mean
+/// brightness, a continuous score, tells the two rounds apart).
 #[test]
 fn evaluation_draws_several_seeds_per_prompt() {
-    let one = trainer(config(1, "tp-grpo"), &common::scratch("train-eval-one"));
-    let mut cfg = config(1, "tp-grpo");
-    cfg.eval_images_per_prompt = 2;
-    let two = trainer(cfg, &common::scratch("train-eval-two"));
+    let bright = |cfg: TrainConfig, name: &str| {
+        let out = common::scratch(name);
+        let reward = Box::new(common::Brightness);
+        toy::trainer::<TrainBackend>(cfg, reward, &out, &Default::default()).unwrap()
+    };
+    // The toy preset evaluates two images per prompt; set both counts explicitly.
+    let images_per_prompt = |n: usize| {
+        let mut cfg = config(1, "tp-grpo");
+        cfg.eval_images_per_prompt = n;
+        cfg
+    };
+    let one = bright(images_per_prompt(1), "train-eval-one");
+    let two = bright(images_per_prompt(2), "train-eval-two");
     let (r1, first) = one.evaluate().unwrap();
     let (r2, images) = two.evaluate().unwrap();
     assert_eq!(images.len(), 4, "one grid image per prompt");
     assert_eq!(images, first);
     let second_seed_mean = 2.0 * r2 - r1;
     assert!((0.0..=1.0).contains(&second_seed_mean), "{r1} {r2}");
+    assert!((second_seed_mean - r1).abs() > 1e-4, "the second round reused the seeds: {r1} {r2}");
     let zero = config(1, "tp-grpo").with_sources(None, &["eval_images_per_prompt=0".into()]);
     assert!(zero.unwrap_err().to_string().contains("eval_images_per_prompt"));
 }

@@ -533,35 +533,36 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         } else {
             cfg.eval_prompts.min(self.eval_prompts.len())
         };
-        // Image j of prompt i is item j * count + i, whose seed is fixed by that index.
-        let items: Vec<Prompt> = (0..cfg.eval_images_per_prompt)
-            .flat_map(|_| self.eval_prompts[..count].iter().cloned())
-            .collect();
         let empty = self.pipeline.encode(&[""])?;
         let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
         let chunk_size = cfg.rollout_batch * 4;
         let (mut scores, mut images) = (Vec::new(), Vec::new());
-        for (c, chunk) in items.chunks(chunk_size).enumerate() {
+        for (c, chunk) in self.eval_prompts[..count].chunks(chunk_size).enumerate() {
+            // Each chunk is encoded once and sampled with every image's seed: image `j` of
+            // prompt `i` has the seed of item `j * count + i`.
             let cond = self.encode_prompts(chunk)?;
             let uncond = Self::uncond(&empty, chunk.len());
-            let seeds: Vec<u64> = (0..chunk.len())
-                .map(|i| mix(cfg.seed ^ 0xE7A1, (c * chunk_size + i) as u64))
-                .collect();
-            let noise = seeded_noise(&seeds, 0, shape, &device);
-            let (out, _) = ode_completions(
-                &model,
-                &schedule,
-                &[(0, noise)],
-                &cond,
-                &uncond,
-                cfg.rollout.guidance,
-            )?;
-            let imgs = self.pipeline.decode(out[0].clone())?;
-            scores.extend(score_checked(self.reward.as_ref(), &imgs, chunk)?);
-            images.extend(imgs);
+            for j in 0..cfg.eval_images_per_prompt {
+                let seeds: Vec<u64> = (0..chunk.len())
+                    .map(|i| mix(cfg.seed ^ 0xE7A1, (j * count + c * chunk_size + i) as u64))
+                    .collect();
+                let noise = seeded_noise(&seeds, 0, shape, &device);
+                let (out, _) = ode_completions(
+                    &model,
+                    &schedule,
+                    &[(0, noise)],
+                    &cond,
+                    &uncond,
+                    cfg.rollout.guidance,
+                )?;
+                let imgs = self.pipeline.decode(out[0].clone())?;
+                scores.extend(score_checked(self.reward.as_ref(), &imgs, chunk)?);
+                if j == 0 {
+                    images.extend(imgs);
+                }
+            }
         }
-        images.truncate(count);
         Ok((mean(&scores), images))
     }
 

@@ -11,7 +11,7 @@ pub mod load;
 pub mod norm;
 
 use burn::module::{ModuleMapper, Param};
-use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
 pub use block::JointTransformerBlock;
@@ -74,6 +74,15 @@ impl MMDiTConfig {
     }
 }
 
+/// Replaces `linear`'s weight and bias by zeros of their shapes (without drawing the random
+/// values they were initialised lazily with).
+fn zero_linear<B: Backend>(linear: &mut Linear<B>, device: &B::Device) {
+    linear.weight = Param::from_tensor(Tensor::zeros(linear.weight.lazy_shape(), device));
+    if let Some(bias) = &mut linear.bias {
+        *bias = Param::from_tensor(Tensor::zeros(bias.lazy_shape(), device));
+    }
+}
+
 /// Forces lazily initialised parameters to take their values.
 struct Materialize;
 
@@ -93,20 +102,15 @@ impl<B: Backend> MMDiT<B> {
     /// code). [`MMDiTConfig::init`] keeps torch's default initialisation, as diffusers'
     /// constructor does, since checkpoints replace it.
     pub fn zero_init_modulation(mut self, device: &B::Device) -> Self {
-        let dim = self.config.hidden_size();
-        let zeros = |d_out: usize| {
-            LinearConfig::new(dim, d_out).with_initializer(Initializer::Zeros).init(device)
-        };
         for block in &mut self.transformer_blocks {
-            block.norm1.linear = zeros(if block.norm1.dual { 9 } else { 6 } * dim);
+            zero_linear(&mut block.norm1.linear, device);
             match &mut block.norm1_context {
-                block::ContextNorm::Zero(norm) => norm.linear = zeros(6 * dim),
-                block::ContextNorm::Continuous(norm) => norm.linear = zeros(2 * dim),
+                block::ContextNorm::Zero(norm) => zero_linear(&mut norm.linear, device),
+                block::ContextNorm::Continuous(norm) => zero_linear(&mut norm.linear, device),
             }
         }
-        let p = self.config.patch_size;
-        self.norm_out.linear = zeros(2 * dim);
-        self.proj_out = zeros(p * p * self.config.out_channels);
+        zero_linear(&mut self.norm_out.linear, device);
+        zero_linear(&mut self.proj_out, device);
         self
     }
 
