@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tpgrpo::grpo::{
-    credit_batch, flow_grpo_advantages, tp_grpo_advantages, ObjectiveConfig, StdScope,
+    credit_batch, flow_grpo_advantages, mean_abs_step_rewards, tp_grpo_advantages, ObjectiveConfig,
+    StdScope,
 };
 
 fn fixture_path() -> PathBuf {
@@ -103,4 +104,13 @@ fn credit_and_advantages_match_the_reference() {
         );
         println!("{name}: ok ({} trajectories)", batch.len());
     }
+}
+
+#[test]
+fn mean_step_reward_change_by_hand() {
+    // Rows [R_ode, R_1, R_sde]: |d_0| = 1 and 0, |d_1| = 0.5 and 1.
+    let batch = [vec![0.0, 1.0, 0.5], vec![1.0, 1.0, 0.0]];
+    assert_eq!(mean_abs_step_rewards(&batch), vec![0.5, 0.75]);
+    // Flow-GRPO rows hold only the final reward: no steps to report.
+    assert!(mean_abs_step_rewards(&[vec![0.3], vec![0.7]]).is_empty());
 }

@@ -62,6 +62,9 @@ fn tp_grpo_runs_and_resumes_identically() {
         // 4 rollout steps + completions from steps 0 and 1 (4 + 3 evaluations).
         assert_eq!(m.nfe_per_sample, 11.0);
         assert_eq!(m.samples_used + m.samples_dropped, 6);
+        // One mean |R_{k+1} - R_k| per trained step; each a mean of differences of scores in [0, 1].
+        assert_eq!(m.step_reward_change.len(), 2);
+        assert!(m.step_reward_change.iter().all(|d| (0.0..=1.0).contains(d)));
     }
     assert!(history[0].eval_reward.is_some() && history[2].eval_reward.is_some());
     assert!(history[1].eval_reward.is_none());

@@ -12,6 +12,16 @@ pub fn step_rewards(seq: &[f64]) -> Vec<f64> {
     seq.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
+/// Mean `|d_k|` over a batch, per trained step: how much each step's action changes the
+/// reward of the ODE completion, `mean_i |seq_i[k+1] - seq_i[k]|` (rows as in
+/// [`credit_batch`]; empty when the rows hold only the final reward).
+pub fn mean_abs_step_rewards(batch: &[Vec<f64>]) -> Vec<f64> {
+    let n = batch.first().map_or(0, |r| r.len().saturating_sub(1));
+    (0..n)
+        .map(|k| batch.iter().map(|r| (r[k + 1] - r[k]).abs()).sum::<f64>() / batch.len() as f64)
+        .collect()
+}
+
 /// The credit of one trajectory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrajectoryCredit {

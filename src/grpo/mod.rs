@@ -13,6 +13,6 @@ pub use advantage::{
     clip_advantages, flow_grpo_advantages, informative_samples, tp_grpo_advantages, StdScope,
 };
 pub use config::{BalanceKey, Objective, ObjectiveConfig};
-pub use credit::{credit_batch, step_rewards, TrajectoryCredit};
+pub use credit::{credit_batch, mean_abs_step_rewards, step_rewards, TrajectoryCredit};
 pub use loss::{kl_penalty, policy_loss, LossStats};
 pub use turning_point::turning_points;

@@ -28,6 +28,10 @@ pub struct EpochMetrics {
     pub turning_points_negative: usize,
     /// Turning points before balancing.
     pub turning_point_candidates: usize,
+    /// Mean `|R_{k+1} - R_k|` per trained step: how much one step changes the reward of the
+    /// ODE completion (TP-GRPO; empty for Flow-GRPO, which computes no completions).
+    #[serde(default)]
+    pub step_reward_change: Vec<f64>,
     /// Samples trained on (the others had all-zero advantages).
     pub samples_used: usize,
     /// Samples dropped for all-zero advantages.
@@ -55,7 +59,7 @@ pub struct EpochMetrics {
 }
 
 /// The names of every field a metrics line has.
-pub const FIELDS: [&str; 21] = [
+pub const FIELDS: [&str; 22] = [
     "epoch",
     "objective",
     "reward_mean",
@@ -65,6 +69,7 @@ pub const FIELDS: [&str; 21] = [
     "turning_points_positive",
     "turning_points_negative",
     "turning_point_candidates",
+    "step_reward_change",
     "samples_used",
     "samples_dropped",
     "ratio_mean",

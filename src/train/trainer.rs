@@ -19,8 +19,8 @@ use super::optim::{clip_global_norm, AdamW};
 use super::plot::{save_chart, save_grid, Series};
 use crate::error::{Error, Result};
 use crate::grpo::{
-    credit_batch, flow_grpo_advantages, informative_samples, kl_penalty, policy_loss,
-    tp_grpo_advantages, Objective,
+    credit_batch, flow_grpo_advantages, informative_samples, kl_penalty, mean_abs_step_rewards,
+    policy_loss, tp_grpo_advantages, Objective,
 };
 use crate::model::MMDiT;
 use crate::reward::{score_checked, Image, Prompt, Reward};
@@ -380,6 +380,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             turning_points_positive: credit.positive,
             turning_points_negative: credit.negative,
             turning_point_candidates: credit.candidates,
+            step_reward_change: mean_abs_step_rewards(&batch.rewards),
             samples_used: used.len(),
             samples_dropped: total - used.len(),
             ratio_mean: mean(&stats.ratio),
@@ -708,6 +709,7 @@ impl EpochMetrics {
             turning_points_positive: 0,
             turning_points_negative: 0,
             turning_point_candidates: 0,
+            step_reward_change: Vec::new(),
             samples_used: 0,
             samples_dropped: 0,
             ratio_mean: 0.0,
