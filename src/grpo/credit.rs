@@ -12,16 +12,6 @@ pub fn step_rewards(seq: &[f64]) -> Vec<f64> {
     seq.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
-/// Mean `|d_k|` over a batch, per trained step: how much each step's action changes the
-/// reward of the ODE completion, `mean_i |seq_i[k+1] - seq_i[k]|` (rows as in
-/// [`credit_batch`]; empty when the rows hold only the final reward).
-pub fn mean_abs_step_rewards(batch: &[Vec<f64>]) -> Vec<f64> {
-    let n = batch.first().map_or(0, |r| r.len().saturating_sub(1));
-    (0..n)
-        .map(|k| batch.iter().map(|r| (r[k + 1] - r[k]).abs()).sum::<f64>() / batch.len() as f64)
-        .collect()
-}
-
 /// The credit of one trajectory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrajectoryCredit {
@@ -36,6 +26,17 @@ pub struct TrajectoryCredit {
     pub credited_rewards: Vec<f64>,
     /// The overall trend `Delta = R_sde - R_ode`.
     pub delta: f64,
+}
+
+/// Mean `|d_k|` over credited trajectories, per trained step: how much each step's action
+/// changes the reward of the ODE completion (empty for no trajectories).
+pub fn mean_abs_step_rewards(credits: &[TrajectoryCredit]) -> Vec<f64> {
+    let n = credits.first().map_or(0, |c| c.step_rewards.len());
+    (0..n)
+        .map(|k| {
+            credits.iter().map(|c| c.step_rewards[k].abs()).sum::<f64>() / credits.len() as f64
+        })
+        .collect()
 }
 
 /// Checks a batch of reward sequences: non-empty, equal lengths of at least 2, finite values.

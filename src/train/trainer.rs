@@ -101,6 +101,8 @@ struct Credit {
     negative: usize,
     /// Turning points before balancing.
     candidates: usize,
+    /// Mean `|d_k|` per trained step (TP-GRPO; empty for Flow-GRPO).
+    step_reward_change: Vec<f64>,
 }
 
 /// Loss statistics of every micro-batch and trained step, and the norm of every optimizer step.
@@ -380,7 +382,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             turning_points_positive: credit.positive,
             turning_points_negative: credit.negative,
             turning_point_candidates: credit.candidates,
-            step_reward_change: mean_abs_step_rewards(&batch.rewards),
+            step_reward_change: credit.step_reward_change,
             samples_used: used.len(),
             samples_dropped: total - used.len(),
             ratio_mean: mean(&stats.ratio),
@@ -403,6 +405,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         out.advantages = match obj.objective {
             Objective::TpGrpo => {
                 let credits = credit_batch(&batch.rewards, obj)?;
+                out.step_reward_change = mean_abs_step_rewards(&credits);
                 for c in &credits {
                     let count = c.turning_points.iter().filter(|&&t| t).count();
                     out.turning_points += count;
