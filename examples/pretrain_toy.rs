@@ -4,7 +4,8 @@
 //! `x_sigma = (1 - sigma) x0 + sigma eps`, target velocity `eps - x0`, `sigma` logit-normal
 //! (SD3's training distribution), 10% of prompts replaced by the empty prompt so classifier-free
 //! guidance works, AdamW, from DiT's adaLN-Zero initialisation. Ends with a 40-step ODE
-//! evaluation on held-out prompts, overall and per prompt kind. The defaults reproduce the
+//! evaluation on held-out prompts, overall, per prompt kind and per check (colour, count, shape,
+//! relation: `toy::scorer::Checks`). The defaults reproduce the
 //! shipped weights (37 minutes on 2 cores).
 
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::reward::{score_checked, Prompt};
 use tpgrpo::sampler::noise::SplitMix64;
 use tpgrpo::sampler::{ode_completions, seeded_noise, FlowSchedule};
+use tpgrpo::toy::scorer::{detect, Checks};
 use tpgrpo::toy::{self, prompts, render, Scene, Split, ToyModel, ToyScorer};
 
 /// Command-line options.
@@ -118,7 +120,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
 
     // Held-out evaluation: 40-step ODE, CFG 4.5, one image per prompt.
     let eval = prompts(Split::Eval);
-    let scores = evaluate(&model, &eval, &device)?;
+    let (scores, checks) = evaluate(&model, &eval, &device)?;
     let mean = |tag: Option<&str>| {
         let picked: Vec<f64> = eval
             .iter()
@@ -135,6 +137,14 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let (m, n) = mean(Some(tag));
         println!("  {tag:<10} {m:.3} ({n} prompts)");
     }
+    let rate = |(passed, made): (usize, usize)| passed as f64 / made.max(1) as f64;
+    println!(
+        "checks passed: colour {:.3}, count {:.3}, shape {:.3}, relation {:.3}",
+        rate(checks.colors),
+        rate(checks.counts),
+        rate(checks.shapes),
+        rate(checks.relations)
+    );
     Ok(())
 }
 
@@ -142,7 +152,7 @@ fn evaluate(
     model: &ToyModel<Backend>,
     eval: &[Prompt],
     device: &backend::Device,
-) -> tpgrpo::Result<Vec<f64>> {
+) -> tpgrpo::Result<(Vec<f64>, Checks)> {
     let texts: Vec<&str> = eval.iter().map(|p| p.text.as_str()).collect();
     let cond = model.encode(&texts)?;
     let uncond = model.encode(&vec![""; texts.len()])?;
@@ -152,5 +162,9 @@ fn evaluate(
     let (out, _) =
         ode_completions(&model.transformer, &schedule, &[(0, noise)], &cond, &uncond, 4.5)?;
     let images = toy::latents_to_images(out[0].clone())?;
-    score_checked(&ToyScorer, &images, eval)
+    let mut checks = Checks::default();
+    for (image, prompt) in images.iter().zip(eval) {
+        checks = checks + Checks::of(&Scene::from_prompt(prompt)?, &detect(image));
+    }
+    Ok((score_checked(&ToyScorer, &images, eval)?, checks))
 }

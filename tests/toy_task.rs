@@ -4,7 +4,7 @@
 use tpgrpo::reward::{score_checked, Image, Prompt, Reward};
 use tpgrpo::toy::draw::{layout, paint, Placed};
 use tpgrpo::toy::prompt::{all_scenes, Color, Include, Relation, Shape};
-use tpgrpo::toy::scorer::{detect, score_scene, COLOR_ONLY_CREDIT};
+use tpgrpo::toy::scorer::{detect, score_scene, Checks, COLOR_ONLY_CREDIT};
 use tpgrpo::toy::text::tokenize;
 use tpgrpo::toy::{prompts, render, Scene, Split, ToyScorer};
 
@@ -66,8 +66,12 @@ fn hand_placed_shapes_are_detected() {
 fn rendered_scenes_score_one() {
     for (i, s) in all_scenes().iter().enumerate() {
         for seed in 0..3 {
-            let score = score_scene(s, &detect(&render(s, seed * 1000 + i as u64)));
-            assert_eq!(score, 1.0, "{} (seed {seed})", s.text());
+            let found = detect(&render(s, seed * 1000 + i as u64));
+            assert_eq!(score_scene(s, &found), 1.0, "{} (seed {seed})", s.text());
+            let c = Checks::of(s, &found);
+            for (passed, made) in [c.colors, c.counts, c.shapes, c.relations] {
+                assert_eq!(passed, made, "{} (seed {seed}): {c:?}", s.text());
+            }
         }
     }
 }
@@ -97,6 +101,38 @@ fn partial_credit_by_hand() {
     assert_eq!(score(&pos, &[low_red, high_blue]), 1.0);
     assert_eq!(score(&pos, &[red_circle, low_blue]), 2.0 / 3.0);
     assert_eq!(score(&pos, &[red_circle]), 1.0 / 3.0);
+}
+
+#[test]
+fn checks_by_hand() {
+    let checks = |s: &Scene, objs: &[Placed]| Checks::of(s, &detect(&paint(objs)));
+    let red_circle = obj(Shape::Circle, Color::Red, 2, 2, 10);
+    let red_square = obj(Shape::Square, Color::Red, 18, 2, 9);
+    let small_red_circle = obj(Shape::Circle, Color::Red, 2, 18, 8);
+    let two_red_circles = scene(vec![group(Color::Red, Shape::Circle, 2)]);
+    // Two red objects, the two largest a square (81 px) and a circle (80 px).
+    let two = checks(&two_red_circles, &[red_circle, red_square]);
+    assert_eq!(two, Checks { colors: (1, 1), counts: (1, 1), shapes: (1, 2), relations: (0, 0) });
+    // Three red objects: count fails, only the two largest are shape-checked.
+    let three = checks(&two_red_circles, &[red_circle, red_square, small_red_circle]);
+    assert_eq!(three.counts, (0, 1));
+    assert_eq!(three.shapes, (1, 2));
+    // "a blue square above a red circle" with the blue square below: relation fails; no blue
+    // object at all: colour, count and relation fail, nothing to shape-check for blue.
+    let above =
+        Include { position: Some((Relation::Above, 0)), ..group(Color::Blue, Shape::Square, 1) };
+    let pos = scene(vec![group(Color::Red, Shape::Circle, 1), above]);
+    let low_blue = obj(Shape::Square, Color::Blue, 2, 20, 9);
+    let wrong = checks(&pos, &[red_circle, low_blue]);
+    assert_eq!(wrong, Checks { colors: (2, 2), counts: (2, 2), shapes: (2, 2), relations: (0, 1) });
+    let missing = checks(&pos, &[red_circle]);
+    assert_eq!(
+        missing,
+        Checks { colors: (1, 2), counts: (1, 2), shapes: (1, 1), relations: (0, 1) }
+    );
+    let sum = wrong + missing;
+    assert_eq!(sum.colors, (3, 4));
+    assert_eq!(sum.relations, (0, 2));
 }
 
 #[test]

@@ -108,6 +108,12 @@ pub fn detect(image: &Image) -> Vec<Detection> {
 /// none), and for each relation 1 when the largest matching objects' centroids are ordered as
 /// required, else 0.
 pub fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
+    let terms = score_terms(scene, found);
+    terms.iter().sum::<f64>() / terms.len() as f64
+}
+
+/// The terms [`score_scene`] averages: one per group, then one per relation.
+fn score_terms(scene: &Scene, found: &[Detection]) -> Vec<f64> {
     let matches = |g: usize, shape_too: bool| -> Vec<&Detection> {
         let group = &scene.include[g];
         found
@@ -146,7 +152,84 @@ pub fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
         };
         terms.push(if ok { 1.0 } else { 0.0 });
     }
-    terms.iter().sum::<f64>() / terms.len() as f64
+    terms
+}
+
+/// Pass/fail checks behind a score, GenEval-style, as `(passed, made)` per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// Groups with at least one object of their colour.
+    pub colors: (usize, usize),
+    /// Colours with exactly as many objects (any shape) as the prompt asks of that colour.
+    pub counts: (usize, usize),
+    /// Of each colour's (up to) requested number of largest objects, those whose shape is
+    /// among the shapes still unmatched for that colour.
+    pub shapes: (usize, usize),
+    /// Relations whose objects (as [`score_scene`] picks them) are ordered as required.
+    pub relations: (usize, usize),
+}
+
+impl Checks {
+    /// The checks of `found` against `scene`.
+    pub fn of(scene: &Scene, found: &[Detection]) -> Self {
+        let mut checks = Checks::default();
+        let tally = |slot: &mut (usize, usize), passed: usize, made: usize| {
+            slot.0 += passed;
+            slot.1 += made;
+        };
+        for group in &scene.include {
+            let any = found.iter().any(|d| d.color == group.color);
+            tally(&mut checks.colors, usize::from(any), 1);
+        }
+        let mut colors: Vec<Color> = Vec::new();
+        for g in &scene.include {
+            if !colors.contains(&g.color) {
+                colors.push(g.color);
+            }
+        }
+        for color in colors {
+            let mut wanted: Vec<Shape> = Vec::new();
+            for g in scene.include.iter().filter(|g| g.color == color) {
+                wanted.extend(std::iter::repeat_n(g.class, g.count));
+            }
+            let mut objects: Vec<&Detection> = found.iter().filter(|d| d.color == color).collect();
+            objects.sort_by_key(|d| std::cmp::Reverse(d.area));
+            tally(&mut checks.counts, usize::from(objects.len() == wanted.len()), 1);
+            objects.truncate(wanted.len());
+            let made = objects.len();
+            let right = objects
+                .iter()
+                .filter(|d| match wanted.iter().position(|&s| s == d.shape) {
+                    Some(i) => {
+                        wanted.swap_remove(i);
+                        true
+                    }
+                    None => false,
+                })
+                .count();
+            tally(&mut checks.shapes, right, made);
+        }
+        let relations = scene.include.iter().filter(|g| g.position.is_some()).count();
+        let terms = score_terms(scene, found);
+        let passed = terms[scene.include.len()..].iter().filter(|&&t| t == 1.0).count();
+        tally(&mut checks.relations, passed, relations);
+        checks
+    }
+}
+
+impl std::ops::Add for Checks {
+    type Output = Checks;
+
+    /// The sum of two tallies.
+    fn add(self, other: Checks) -> Checks {
+        let sum = |a: (usize, usize), b: (usize, usize)| (a.0 + b.0, a.1 + b.1);
+        Checks {
+            colors: sum(self.colors, other.colors),
+            counts: sum(self.counts, other.counts),
+            shapes: sum(self.shapes, other.shapes),
+            relations: sum(self.relations, other.relations),
+        }
+    }
 }
 
 /// The toy task's [`Reward`]: [`score_scene`] of [`detect`]ed objects against the prompt's
