@@ -6,7 +6,7 @@
 //! with at least [`MIN_AREA`] pixels are objects; an object's shape follows from how much of
 //! its bounding box it fills (square >= 0.9 > circle >= 0.68 > triangle).
 
-use super::prompt::{Color, Relation, Scene, Shape};
+use super::prompt::{Color, Include, Relation, Scene, Shape};
 use crate::error::Result;
 use crate::reward::{Image, Prompt, Reward};
 
@@ -108,40 +108,45 @@ pub fn detect(image: &Image) -> Vec<Detection> {
 /// none), and for each relation 1 when the largest matching objects' centroids are ordered as
 /// required, else 0.
 pub fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
-    let terms = score_terms(scene, found);
-    terms.iter().sum::<f64>() / terms.len() as f64
-}
-
-/// The terms [`score_scene`] averages: one per group, then one per relation.
-fn score_terms(scene: &Scene, found: &[Detection]) -> Vec<f64> {
-    let matches = |g: usize, shape_too: bool| -> Vec<&Detection> {
-        let group = &scene.include[g];
-        found
-            .iter()
-            .filter(|d| d.color == group.color && (!shape_too || d.shape == group.class))
-            .collect()
-    };
     let mut terms = Vec::new();
-    for (g, group) in scene.include.iter().enumerate() {
-        let exact = matches(g, true).len();
+    for group in &scene.include {
+        let exact = matching(found, group, true).count();
         let term = if exact > 0 {
             let r = group.count as f64;
             (1.0 - (exact as f64 - r).abs() / r).max(0.0)
-        } else if !matches(g, false).is_empty() {
+        } else if matching(found, group, false).next().is_some() {
             COLOR_ONLY_CREDIT
         } else {
             0.0
         };
         terms.push(term);
     }
-    for (g, group) in scene.include.iter().enumerate() {
+    terms.extend(relations_held(scene, found).into_iter().map(|ok| if ok { 1.0 } else { 0.0 }));
+    terms.iter().sum::<f64>() / terms.len() as f64
+}
+
+/// The objects of `group`'s colour (and shape, with `shape_too`).
+fn matching<'a>(
+    found: &'a [Detection],
+    group: &Include,
+    shape_too: bool,
+) -> impl Iterator<Item = &'a Detection> + use<'a> {
+    let (color, class) = (group.color, group.class);
+    found.iter().filter(move |d| d.color == color && (!shape_too || d.shape == class))
+}
+
+/// For each relation of `scene`, in group order: whether the centroids of the largest objects
+/// of the two groups (of the right colour and shape, else of the right colour) are ordered as
+/// required.
+fn relations_held(scene: &Scene, found: &[Detection]) -> Vec<bool> {
+    let best = |group: &Include| {
+        let exact = matching(found, group, true).max_by_key(|d| d.area);
+        exact.or_else(|| matching(found, group, false).max_by_key(|d| d.area))
+    };
+    let mut held = Vec::new();
+    for group in &scene.include {
         let Some((rel, anchor)) = group.position else { continue };
-        let best = |g: usize| {
-            let exact = matches(g, true);
-            let pool = if exact.is_empty() { matches(g, false) } else { exact };
-            pool.into_iter().max_by_key(|d| d.area).copied()
-        };
-        let ok = match (best(g), best(anchor)) {
+        held.push(match (best(group), best(&scene.include[anchor])) {
             (Some(p), Some(a)) => match rel {
                 Relation::Above => p.cy < a.cy,
                 Relation::Below => p.cy > a.cy,
@@ -149,10 +154,9 @@ fn score_terms(scene: &Scene, found: &[Detection]) -> Vec<f64> {
                 Relation::RightOf => p.cx > a.cx,
             },
             _ => false,
-        };
-        terms.push(if ok { 1.0 } else { 0.0 });
+        });
     }
-    terms
+    held
 }
 
 /// Pass/fail checks behind a score, GenEval-style, as `(passed, made)` per kind.
@@ -209,10 +213,8 @@ impl Checks {
                 .count();
             tally(&mut checks.shapes, right, made);
         }
-        let relations = scene.include.iter().filter(|g| g.position.is_some()).count();
-        let terms = score_terms(scene, found);
-        let passed = terms[scene.include.len()..].iter().filter(|&&t| t == 1.0).count();
-        tally(&mut checks.relations, passed, relations);
+        let held = relations_held(scene, found);
+        tally(&mut checks.relations, held.iter().filter(|&&ok| ok).count(), held.len());
         checks
     }
 }
