@@ -5,8 +5,7 @@
 //! (SD3's training distribution), 10% of prompts replaced by the empty prompt so classifier-free
 //! guidance works, AdamW, from DiT's adaLN-Zero initialisation. Ends with a 40-step ODE
 //! evaluation on held-out prompts, overall, per prompt kind and per check (colour, count, shape,
-//! relation: `toy::scorer::Checks`). The defaults reproduce the
-//! shipped weights (37 minutes on 2 cores).
+//! relation: `toy::scorer::Checks`); `--grid` also writes the images. The defaults reproduce the shipped weights (37 minutes on 2 cores).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,7 +15,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::reward::{score_checked, Prompt};
+use tpgrpo::reward::{score_checked, Image, Prompt};
 use tpgrpo::sampler::noise::SplitMix64;
 use tpgrpo::sampler::{ode_completions, seeded_noise, FlowSchedule};
 use tpgrpo::toy::scorer::{detect, Checks};
@@ -44,6 +43,9 @@ struct Args {
     /// Continue from the weights in `--out` instead of a fresh initialisation.
     #[arg(long)]
     resume: bool,
+    /// Also write the held-out evaluation images (one per prompt, rows of 8) to this PNG.
+    #[arg(long)]
+    grid: Option<PathBuf>,
 }
 
 fn main() {
@@ -120,7 +122,11 @@ fn run(args: Args) -> tpgrpo::Result<()> {
 
     // Held-out evaluation: 40-step ODE, CFG 4.5, one image per prompt.
     let eval = prompts(Split::Eval);
-    let (scores, checks) = evaluate(&model, &eval, &device)?;
+    let (images, scores, checks) = evaluate(&model, &eval, &device)?;
+    if let Some(path) = &args.grid {
+        tpgrpo::train::plot::save_grid(path, &images, 8, 4)?;
+        println!("wrote {}", path.display());
+    }
     let mean = |tag: Option<&str>| {
         let picked: Vec<f64> = eval
             .iter()
@@ -152,7 +158,7 @@ fn evaluate(
     model: &ToyModel<Backend>,
     eval: &[Prompt],
     device: &backend::Device,
-) -> tpgrpo::Result<(Vec<f64>, Checks)> {
+) -> tpgrpo::Result<(Vec<Image>, Vec<f64>, Checks)> {
     let texts: Vec<&str> = eval.iter().map(|p| p.text.as_str()).collect();
     let cond = model.encode(&texts)?;
     let uncond = model.encode(&vec![""; texts.len()])?;
@@ -166,5 +172,6 @@ fn evaluate(
     for (image, prompt) in images.iter().zip(eval) {
         checks = checks + Checks::of(&Scene::from_prompt(prompt)?, &detect(image));
     }
-    Ok((score_checked(&ToyScorer, &images, eval)?, checks))
+    let scores = score_checked(&ToyScorer, &images, eval)?;
+    Ok((images, scores, checks))
 }
