@@ -182,7 +182,7 @@ impl Checks {
             slot.1 += made;
         };
         for group in &scene.include {
-            let any = found.iter().any(|d| d.color == group.color);
+            let any = matching(found, group, false).next().is_some();
             tally(&mut checks.colors, usize::from(any), 1);
         }
         let mut colors: Vec<Color> = Vec::new();
