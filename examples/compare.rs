@@ -1,7 +1,7 @@
 //! TP-GRPO against the Flow-GRPO baseline on the embedded toy task: the same seeds, prompts
 //! per epoch, epochs and optimizer steps for both, three seeds each. Writes one PNG with every
 //! held-out reward curve (TP-GRPO red, Flow-GRPO blue; pale lines per seed, saturated the mean) and
-//! a Markdown table, and prints the table.
+//! a Markdown table (with each run's gradient noise scale), and prints the table.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy::{self, ToyScorer};
 use tpgrpo::train::plot::{save_chart, Series};
-use tpgrpo::train::EpochMetrics;
+use tpgrpo::train::{noise_scale, EpochMetrics};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -40,6 +40,7 @@ struct Run {
     evals: Vec<(usize, f64)>,
     nfe: f64,
     seconds: f64,
+    noise_scale: Option<f64>,
 }
 
 fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
@@ -63,6 +64,7 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
         evals: history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect(),
         nfe: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>() / trained.len() as f64,
         seconds: trained.iter().map(|m| m.seconds).sum(),
+        noise_scale: noise_scale(&history),
     })
 }
 
@@ -80,7 +82,7 @@ fn mean_curve(runs: &[Run]) -> Vec<(f64, f64)> {
 fn run(args: Args) -> tpgrpo::Result<()> {
     let objectives = [("tp-grpo", [220u8, 60, 40]), ("flow-grpo", [50, 90, 220])];
     let mut table = String::from(
-        "| objective | seed | held-out before | held-out after | change | NFE / sample | train seconds |\n|---|---|---|---|---|---|---|\n",
+        "| objective | seed | held-out before | held-out after | change | NFE / sample | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut series = Vec::new();
     let mut summary = Vec::new();
@@ -92,10 +94,11 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             let (first, last) = (r.evals[0].1, r.evals[r.evals.len() - 1].1);
             writeln!(
                 table,
-                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {:.0} | {:.0} |",
+                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {:.0} | {:.0} | {} |",
                 last - first,
                 r.nfe,
-                r.seconds
+                r.seconds,
+                r.noise_scale.map_or("not resolved".into(), |b| format!("{b:.0}"))
             )
             .expect("string");
             let faint = color.map(|c| c / 2 + 127);
@@ -108,7 +111,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let curve = mean_curve(&runs);
         let (first, last) = (curve[0].1, curve[curve.len() - 1].1);
         summary.push(format!(
-            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | |",
+            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | | |",
             last - first
         ));
         series.push(Series { color, points: curve });

@@ -14,7 +14,7 @@ use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::toy::{self, ToyScorer};
-use tpgrpo::train::{EpochMetrics, TrainConfig, Trainer};
+use tpgrpo::train::{noise_scale, EpochMetrics, TrainConfig, Trainer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -100,7 +100,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     Ok(())
 }
 
-/// Prints the held-out reward at the first and last evaluation.
+/// Prints the held-out reward at the first and last evaluation and the gradient noise scale.
 fn report(history: &[EpochMetrics], out: &std::path::Path) {
     let evals: Vec<(usize, f64)> =
         history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect();
@@ -113,6 +113,20 @@ fn report(history: &[EpochMetrics], out: &std::path::Path) {
             last.0,
             last.1 - first.1
         );
+    }
+    let per_update = history.iter().rev().find(|m| m.optimizer_steps > 0).map(|m| {
+        let steps_per_epoch = m.optimizer_steps as f64 / m.epoch as f64;
+        m.samples_used as f64 / steps_per_epoch
+    });
+    match (noise_scale(history), per_update) {
+        (Some(b), Some(n)) => {
+            println!("gradient noise scale: {b:.0} samples per update (this run: about {n:.0})")
+        }
+        (None, Some(n)) => println!(
+            "gradient noise scale: not resolved; at about {n:.0} samples per update the \
+             gradient noise hides the signal"
+        ),
+        _ => {}
     }
     println!("metrics: {}", out.join("metrics.jsonl").display());
 }

@@ -1,5 +1,6 @@
 //! LoRA: a fresh adapter is the identity, only adapters train, merging and PEFT export agree
-//! with the adapted forward; AdamW and global-norm clipping against hand-worked values.
+//! with the adapted forward; AdamW and global-norm clipping against hand-worked values; the
+//! gradient noise estimates against hand-worked values and gradients of known distribution.
 
 mod common;
 
@@ -10,7 +11,8 @@ use burn::prelude::*;
 use common::{noise, scratch, tiny_config};
 use tpgrpo::backend::Backend as B;
 use tpgrpo::model::{LoraConfig, MMDiT};
-use tpgrpo::train::{clip_global_norm, AdamW, AdamWConfig};
+use tpgrpo::sampler::noise::SplitMix64;
+use tpgrpo::train::{clip_global_norm, AdamW, AdamWConfig, GradientNoise};
 use tpgrpo::weights::{export_params, WeightFiles};
 
 type AB = Autodiff<B>;
@@ -212,4 +214,68 @@ fn global_norm_clipping_by_hand() {
     let norm = clip_global_norm(&mut g, 10.0);
     assert!((norm - 1.0).abs() < 1e-5);
     assert!((g["a"].clone().into_scalar().elem::<f32>() - a).abs() == 0.0);
+}
+
+/// One-dimensional gradients: micro-batch means 2 and 6 of two samples each, update mean 4.
+/// `s = (4 + 36) / 2 = 20`, `h = 1/2`, `m = 2`: `tr(Sigma) = (20 - 16) / (1/2 * 1/2) = 16`,
+/// `|G|^2 = 16 - (1/4) 16 = 12`.
+#[test]
+fn gradient_noise_by_hand() {
+    let e = GradientNoise::estimate(&[(2, 4.0), (2, 36.0)], 16.0).unwrap();
+    assert!((e.noise_trace - 16.0).abs() < 1e-12, "{e:?}");
+    assert!((e.signal_sq - 12.0).abs() < 1e-12, "{e:?}");
+    assert_eq!(GradientNoise::estimate(&[(4, 4.0)], 4.0), None, "one micro-batch");
+    // Averaged separately: signal (12 - 2) / 2 = 5, noise (16 + 30) / 2 = 23.
+    let other = GradientNoise { signal_sq: -2.0, noise_trace: 30.0 };
+    assert!((GradientNoise::scale(&[e, other]).unwrap() - 4.6).abs() < 1e-12);
+    let lost = GradientNoise { signal_sq: -20.0, noise_trace: 30.0 };
+    assert_eq!(GradientNoise::scale(&[e, lost]), None, "mean signal below zero");
+    assert_eq!(GradientNoise::scale(&[]), None);
+}
+
+/// Sample gradients drawn from a known Gaussian (mean `mu`, per-coordinate std `sd`), split
+/// into micro-batches of unequal sizes like a trainer's last short micro-batch: averaged over
+/// many updates the estimates recover `|mu|^2` and `sum sd^2` within five standard errors.
+#[test]
+fn gradient_noise_estimates_are_unbiased_for_known_gradients() {
+    let (mu, sd) = ([0.3f64, -0.2, 0.1, 0.0, 0.25], [0.5f64, 1.0, 0.2, 0.7, 0.4]);
+    let sizes = [3usize, 5, 4, 2];
+    let mut rng = SplitMix64(7);
+    let mut normal = move || {
+        let (u, v) = (rng.uniform().max(1e-300), rng.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    };
+    let sq = |g: &[f64]| g.iter().map(|x| x * x).sum::<f64>();
+    let updates = 20_000;
+    let (mut signal, mut noise) = (Vec::new(), Vec::new());
+    for _ in 0..updates {
+        let mut micro = Vec::new();
+        let mut full = [0.0f64; 5];
+        for &b in &sizes {
+            let mut g = [0.0f64; 5];
+            for _ in 0..b {
+                for j in 0..5 {
+                    g[j] += (mu[j] + sd[j] * normal()) / b as f64;
+                }
+            }
+            for j in 0..5 {
+                full[j] += g[j] / sizes.len() as f64;
+            }
+            micro.push((b, sq(&g)));
+        }
+        let e = GradientNoise::estimate(&micro, sq(&full)).unwrap();
+        signal.push(e.signal_sq);
+        noise.push(e.noise_trace);
+    }
+    let check = |xs: &[f64], want: f64, what: &str| {
+        let n = xs.len() as f64;
+        let m = xs.iter().sum::<f64>() / n;
+        let se = (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) / n).sqrt();
+        assert!((m - want).abs() < 5.0 * se, "{what}: {m:.5} vs {want:.5} (se {se:.5})");
+        se
+    };
+    let se = check(&signal, sq(&mu), "|G|^2");
+    check(&noise, sq(&sd), "tr(Sigma)");
+    // The check can fail: a standard error this small separates |mu|^2 from zero.
+    assert!(5.0 * se < sq(&mu), "standard error {se}");
 }

@@ -16,7 +16,7 @@ fn config(epochs: usize, objective: &str) -> TrainConfig {
         "prompts_per_epoch=2".into(),
         "group_size=3".into(),
         "rollout_batch=4".into(),
-        "train_batch=4".into(),
+        "train_batch=2".into(),
         "optimizer_steps_per_epoch=2".into(),
         "rollout.num_steps=4".into(),
         "rollout.window_size=2".into(),
@@ -65,7 +65,13 @@ fn tp_grpo_runs_and_resumes_identically() {
         // One mean |R_{k+1} - R_k| per trained step; each a mean of differences of scores in [0, 1].
         assert_eq!(m.step_reward_change.len(), 2);
         assert!(m.step_reward_change.iter().all(|d| (0.0..=1.0).contains(d)));
+        // Gradient noise is estimated when an optimizer step has two micro-batches (its
+        // ceil(used / 2) samples exceed train_batch 2); the variance term is never negative.
+        assert_eq!(m.grad_signal_sq.is_some(), m.samples_used >= 5, "{m:?}");
+        assert_eq!(m.grad_noise_trace.is_some(), m.samples_used >= 5, "{m:?}");
+        assert!(m.grad_noise_trace.is_none_or(|s| s.is_finite() && s >= 0.0), "{m:?}");
     }
+    assert!(history.iter().any(|m| m.grad_noise_trace.is_some()), "never estimated: {history:?}");
     assert!(history[0].eval_reward.is_some() && history[2].eval_reward.is_some());
     assert!(history[1].eval_reward.is_none());
     // The first update of an epoch re-scores the sampling policy: ratio 1 up to f32 noise.

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::noise_scale::GradientNoise;
 use crate::error::{Error, Result};
 use crate::weights::write_atomically;
 
@@ -50,6 +51,13 @@ pub struct EpochMetrics {
     pub policy_loss: f64,
     /// Global gradient norm before clipping, mean over the epoch's optimizer steps.
     pub grad_norm: f64,
+    /// Estimate of `|G|^2`, the squared expected gradient, mean over the epoch's optimizer
+    /// steps ([`GradientNoise`]; `None` with one micro-batch per step).
+    #[serde(default)]
+    pub grad_signal_sq: Option<f64>,
+    /// Estimate of `tr(Sigma)`, one sample's gradient variance, likewise.
+    #[serde(default)]
+    pub grad_noise_trace: Option<f64>,
     /// Optimizer steps taken so far.
     pub optimizer_steps: u64,
     /// Transformer evaluations per trajectory (rollout plus completions, CFG counted once).
@@ -59,7 +67,7 @@ pub struct EpochMetrics {
 }
 
 /// The names of every field a metrics line has.
-pub const FIELDS: [&str; 22] = [
+pub const FIELDS: [&str; 24] = [
     "epoch",
     "objective",
     "reward_mean",
@@ -79,10 +87,26 @@ pub const FIELDS: [&str; 22] = [
     "kl",
     "policy_loss",
     "grad_norm",
+    "grad_signal_sq",
+    "grad_noise_trace",
     "optimizer_steps",
     "nfe_per_sample",
     "seconds",
 ];
+
+impl EpochMetrics {
+    /// This epoch's gradient-noise estimates, when measured.
+    pub fn gradient_noise(&self) -> Option<GradientNoise> {
+        Some(GradientNoise { signal_sq: self.grad_signal_sq?, noise_trace: self.grad_noise_trace? })
+    }
+}
+
+/// The gradient noise scale of a run ([`GradientNoise::scale`] of its epochs' estimates).
+pub fn noise_scale(history: &[EpochMetrics]) -> Option<f64> {
+    let estimates: Vec<GradientNoise> =
+        history.iter().filter_map(EpochMetrics::gradient_noise).collect();
+    GradientNoise::scale(&estimates)
+}
 
 /// Reads a metrics file (missing file: no lines).
 pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>> {

@@ -95,17 +95,18 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
+/// The squared global L2 norm of `grads`: the sum of every element's square.
+pub fn squared_norm<B: Backend>(grads: &BTreeMap<String, Tensor<B, 2>>) -> f64 {
+    grads.values().map(|g| g.clone().square().sum().into_scalar().elem::<f64>()).sum()
+}
+
 /// Scales `grads` so their global L2 norm is at most `max_norm` (torch's `clip_grad_norm_`:
 /// factor `max_norm / (norm + 1e-6)` when below 1); returns the norm before clipping.
 pub fn clip_global_norm<B: Backend>(
     grads: &mut BTreeMap<String, Tensor<B, 2>>,
     max_norm: f64,
 ) -> f64 {
-    let total: f64 = grads
-        .values()
-        .map(|g| g.clone().square().sum().into_scalar().elem::<f64>())
-        .sum::<f64>()
-        .sqrt();
+    let total = squared_norm(grads).sqrt();
     let factor = max_norm / (total + 1e-6);
     if factor < 1.0 {
         for g in grads.values_mut() {

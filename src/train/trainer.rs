@@ -15,7 +15,8 @@ use super::checkpoint::{self, TrainerState};
 use super::config::TrainConfig;
 use super::ema::Ema;
 use super::metrics::{read_metrics, write_metrics, EpochMetrics};
-use super::optim::{clip_global_norm, AdamW};
+use super::noise_scale::GradientNoise;
+use super::optim::{clip_global_norm, squared_norm, AdamW};
 use super::plot::{save_chart, save_grid, Series};
 use crate::error::{Error, Result};
 use crate::grpo::{
@@ -115,6 +116,7 @@ struct UpdateStats {
     kl: Vec<f64>,
     loss: Vec<f64>,
     grad_norm: Vec<f64>,
+    noise: Vec<GradientNoise>,
 }
 
 fn bar(len: usize, what: &str) -> ProgressBar {
@@ -353,20 +355,35 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             let micro: Vec<&[usize]> = chunk.chunks(cfg.train_batch).collect();
             let scale = 1.0 / (micro.len() * n) as f64;
             let reference = self.model.valid().adapters_off();
-            let mut grads = BTreeMap::new();
+            // Each micro-batch's share is kept apart first: the norms of the micro-batch means
+            // and of their mean give the gradient noise estimates.
+            let m = micro.len() as f64;
+            let mut grads: BTreeMap<String, Tensor<B::InnerBackend, 2>> = BTreeMap::new();
+            let mut micro_sq = Vec::with_capacity(micro.len());
             for rows in micro {
+                let mut share = BTreeMap::new();
                 self.accumulate(
                     &batch,
                     rows,
                     &credit.advantages,
                     &reference,
                     scale,
-                    &mut grads,
+                    &mut share,
                     &mut stats,
                     pb,
                 )?;
+                micro_sq.push((rows.len(), m * m * squared_norm(&share)));
+                for (name, g) in share {
+                    let sum = match grads.remove(&name) {
+                        Some(acc) => acc + g,
+                        None => g,
+                    };
+                    grads.insert(name, sum);
+                }
             }
-            stats.grad_norm.push(self.optimizer_step(grads)?);
+            let norm = self.optimizer_step(grads)?;
+            stats.noise.extend(GradientNoise::estimate(&micro_sq, norm * norm));
+            stats.grad_norm.push(norm);
         }
         self.epoch = epoch;
 
@@ -392,6 +409,10 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             kl: mean(&stats.kl),
             policy_loss: mean(&stats.loss),
             grad_norm: mean(&stats.grad_norm),
+            grad_signal_sq: (!stats.noise.is_empty())
+                .then(|| mean(&stats.noise.iter().map(|e| e.signal_sq).collect::<Vec<_>>())),
+            grad_noise_trace: (!stats.noise.is_empty())
+                .then(|| mean(&stats.noise.iter().map(|e| e.noise_trace).collect::<Vec<_>>())),
             optimizer_steps: self.optimizer.step,
             nfe_per_sample: batch.nfe as f64 / total as f64,
             seconds: started.elapsed().as_secs_f64(),
@@ -722,6 +743,8 @@ impl EpochMetrics {
             kl: 0.0,
             policy_loss: 0.0,
             grad_norm: 0.0,
+            grad_signal_sq: None,
+            grad_noise_trace: None,
             optimizer_steps: 0,
             nfe_per_sample: 0.0,
             seconds: 0.0,
