@@ -119,6 +119,19 @@ struct UpdateStats {
     noise: Vec<GradientNoise>,
 }
 
+/// Adds `grad` to the gradient named `name` in `grads` (inserts it when absent).
+fn add_gradient<B: Backend>(
+    grads: &mut BTreeMap<String, Tensor<B, 2>>,
+    name: String,
+    grad: Tensor<B, 2>,
+) {
+    let sum = match grads.remove(&name) {
+        Some(acc) => acc + grad,
+        None => grad,
+    };
+    grads.insert(name, sum);
+}
+
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
     pb.set_style(
@@ -374,11 +387,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
                 )?;
                 micro_sq.push((rows.len(), m * m * squared_norm(&share)));
                 for (name, g) in share {
-                    let sum = match grads.remove(&name) {
-                        Some(acc) => acc + g,
-                        None => g,
-                    };
-                    grads.insert(name, sum);
+                    add_gradient(&mut grads, name, g);
                 }
             }
             let norm = self.optimizer_step(grads)?;
@@ -509,11 +518,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             let g = (loss * scale).backward();
             for (name, t) in self.model.lora_tensors() {
                 if let Some(grad) = t.grad(&g) {
-                    let sum = match grads.remove(&name) {
-                        Some(acc) => acc + grad,
-                        None => grad,
-                    };
-                    grads.insert(name, sum);
+                    add_gradient(grads, name, grad);
                 }
             }
             pb.inc(1);
