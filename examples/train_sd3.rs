@@ -96,12 +96,14 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);
     }
-    report(&trainer.train(print_epoch)?, &out);
+    let history = trainer.train(print_epoch)?;
+    report(&history, &trainer.config, &out);
     Ok(())
 }
 
-/// Prints the held-out reward at the first and last evaluation and the gradient noise scale.
-fn report(history: &[EpochMetrics], out: &std::path::Path) {
+/// Prints the held-out reward at the first and last evaluation and the gradient noise scale
+/// against the samples of one update.
+fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path) {
     let evals: Vec<(usize, f64)> =
         history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect();
     if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
@@ -114,19 +116,13 @@ fn report(history: &[EpochMetrics], out: &std::path::Path) {
             last.1 - first.1
         );
     }
-    let per_update = history.iter().rev().find(|m| m.optimizer_steps > 0).map(|m| {
-        let steps_per_epoch = m.optimizer_steps as f64 / m.epoch as f64;
-        m.samples_used as f64 / steps_per_epoch
-    });
-    match (noise_scale(history), per_update) {
-        (Some(b), Some(n)) => {
-            println!("gradient noise scale: {b:.0} samples per update (this run: about {n:.0})")
-        }
-        (None, Some(n)) => println!(
-            "gradient noise scale: not resolved; at about {n:.0} samples per update the \
-             gradient noise hides the signal"
+    let n = config.prompts_per_epoch * config.group_size / config.optimizer_steps_per_epoch;
+    match noise_scale(history) {
+        Some(b) => println!("gradient noise scale: {b:.0} samples per update (this run: {n})"),
+        None => println!(
+            "gradient noise scale: not resolved (at {n} samples per update the gradient noise \
+             hides the signal, or no update had two micro-batches)"
         ),
-        _ => {}
     }
     println!("metrics: {}", out.join("metrics.jsonl").display());
 }
@@ -181,6 +177,7 @@ fn train_diffusers(
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);
     }
-    report(&trainer.train(print_epoch)?, &out);
+    let history = trainer.train(print_epoch)?;
+    report(&history, &trainer.config, &out);
     Ok(())
 }

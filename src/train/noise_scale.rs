@@ -1,11 +1,9 @@
 //! The gradient noise scale (McCandlish et al., 2018, "An Empirical Model of Large-Batch
 //! Training"): how many samples an update needs before its gradient is more signal than noise.
 
-use serde::{Deserialize, Serialize};
-
 /// Unbiased estimates of the squared true gradient `|G|^2` and the per-sample gradient
 /// variance `tr(Sigma)`, from one update's micro-batch and full-batch gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GradientNoise {
     /// Estimate of `|G|^2`, the squared norm of the expected gradient (can come out negative
     /// when the noise dominates).
@@ -36,18 +34,22 @@ impl GradientNoise {
         Some(GradientNoise { signal_sq: full_sq - h / m * noise_trace, noise_trace })
     }
 
+    /// The mean of `estimates` (each field averaged); `None` when there are none.
+    pub fn mean(estimates: &[GradientNoise]) -> Option<Self> {
+        let n = estimates.len() as f64;
+        (!estimates.is_empty()).then(|| GradientNoise {
+            signal_sq: estimates.iter().map(|e| e.signal_sq).sum::<f64>() / n,
+            noise_trace: estimates.iter().map(|e| e.noise_trace).sum::<f64>() / n,
+        })
+    }
+
     /// The noise scale `B_noise = tr(Sigma) / |G|^2` of averaged estimates (the paper
     /// averages numerator and denominator separately over many updates, then divides): the
     /// batch size, in samples, at which an update's gradient noise equals its signal. `None`
     /// when there are no estimates or the averaged signal is not positive (noise so large
     /// that these updates cannot measure the signal).
     pub fn scale(estimates: &[GradientNoise]) -> Option<f64> {
-        if estimates.is_empty() {
-            return None;
-        }
-        let n = estimates.len() as f64;
-        let signal = estimates.iter().map(|e| e.signal_sq).sum::<f64>() / n;
-        let noise = estimates.iter().map(|e| e.noise_trace).sum::<f64>() / n;
-        (signal > 0.0).then(|| noise / signal)
+        let mean = Self::mean(estimates)?;
+        (mean.signal_sq > 0.0).then(|| mean.noise_trace / mean.signal_sq)
     }
 }

@@ -95,9 +95,14 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
-/// The squared global L2 norm of `grads`: the sum of every element's square.
+/// The squared global L2 norm of `grads`: the sum of every element's square, reduced on the
+/// device and read back once.
 pub fn squared_norm<B: Backend>(grads: &BTreeMap<String, Tensor<B, 2>>) -> f64 {
-    grads.values().map(|g| g.clone().square().sum().into_scalar().elem::<f64>()).sum()
+    grads
+        .values()
+        .map(|g| g.clone().square().sum())
+        .reduce(|a, b| a + b)
+        .map_or(0.0, |total| total.into_scalar().elem::<f64>())
 }
 
 /// Scales `grads` so their global L2 norm is at most `max_norm` (torch's `clip_grad_norm_`:

@@ -396,6 +396,7 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         }
         self.epoch = epoch;
 
+        let noise = GradientNoise::mean(&stats.noise);
         let rm = mean(&finals);
         let var = finals.iter().map(|r| (r - rm).powi(2)).sum::<f64>() / finals.len() as f64;
         Ok(EpochMetrics {
@@ -418,10 +419,8 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
             kl: mean(&stats.kl),
             policy_loss: mean(&stats.loss),
             grad_norm: mean(&stats.grad_norm),
-            grad_signal_sq: (!stats.noise.is_empty())
-                .then(|| mean(&stats.noise.iter().map(|e| e.signal_sq).collect::<Vec<_>>())),
-            grad_noise_trace: (!stats.noise.is_empty())
-                .then(|| mean(&stats.noise.iter().map(|e| e.noise_trace).collect::<Vec<_>>())),
+            grad_signal_sq: noise.map(|e| e.signal_sq),
+            grad_noise_trace: noise.map(|e| e.noise_trace),
             optimizer_steps: self.optimizer.step,
             nfe_per_sample: batch.nfe as f64 / total as f64,
             seconds: started.elapsed().as_secs_f64(),
