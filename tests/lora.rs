@@ -11,7 +11,7 @@ use burn::prelude::*;
 use common::{noise, scratch, tiny_config};
 use tpgrpo::backend::Backend as B;
 use tpgrpo::model::{LoraConfig, MMDiT};
-use tpgrpo::sampler::noise::SplitMix64;
+use tpgrpo::sampler::noise::gaussian;
 use tpgrpo::train::{clip_global_norm, AdamW, AdamWConfig, GradientNoise};
 use tpgrpo::weights::{export_params, WeightFiles};
 
@@ -240,13 +240,11 @@ fn gradient_noise_by_hand() {
 fn gradient_noise_estimates_are_unbiased_for_known_gradients() {
     let (mu, sd) = ([0.3f64, -0.2, 0.1, 0.0, 0.25], [0.5f64, 1.0, 0.2, 0.7, 0.4]);
     let sizes = [3usize, 5, 4, 2];
-    let mut rng = SplitMix64(7);
-    let mut normal = move || {
-        let (u, v) = (rng.uniform().max(1e-300), rng.uniform());
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    };
     let sq = |g: &[f64]| g.iter().map(|x| x * x).sum::<f64>();
     let updates = 20_000;
+    let draws = gaussian(7, 0, updates * sizes.iter().sum::<usize>() * mu.len());
+    let mut draws = draws.into_iter().map(f64::from);
+    let mut normal = move || draws.next().expect("enough draws");
     let (mut signal, mut noise) = (Vec::new(), Vec::new());
     for _ in 0..updates {
         let mut micro = Vec::new();
