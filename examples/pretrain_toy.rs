@@ -16,8 +16,9 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::reward::{Image, Prompt};
-use tpgrpo::sampler::noise::SplitMix64;
+use tpgrpo::image::Image;
+use tpgrpo::reward::Prompt;
+use tpgrpo::rng::SplitMix64;
 use tpgrpo::sampler::{ode_completions, seeded_noise, FlowSchedule};
 use tpgrpo::toy::scorer::{detect, score_scene, Checks};
 use tpgrpo::toy::{self, prompts, render, Scene, Split, ToyModel};
@@ -92,7 +93,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let sigmas: Vec<f32> = seeds
             .iter()
             .map(|&s| {
-                let u = tpgrpo::sampler::noise::gaussian(s, 1, 1)[0];
+                let u = tpgrpo::rng::gaussian(s, 1, 1)[0];
                 1.0 / (1.0 + (-u).exp())
             })
             .collect();
@@ -125,7 +126,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let eval = prompts(Split::Eval);
     let (images, scores, checks) = evaluate(&model, &eval, &device)?;
     if let Some(path) = &args.grid {
-        tpgrpo::train::plot::save_grid(path, &images, 8, 4)?;
+        tpgrpo::image::save_grid(path, &images, 8, 4)?;
         println!("wrote {}", path.display());
     }
     let mean = |tag: Option<&str>| {

@@ -17,9 +17,12 @@
 pub mod backend;
 pub mod error;
 pub mod grpo;
+pub mod image;
 pub mod model;
+pub mod overrides;
 pub mod pipeline;
 pub mod reward;
+pub mod rng;
 pub mod sampler;
 pub mod toy;
 pub mod train;

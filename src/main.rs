@@ -120,7 +120,7 @@ fn sample(
     let device = backend::device();
     let pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
     let images = pipe.generate(&[prompt], &[seed], config)?;
-    tpgrpo::train::plot::save_png(out, &images[0])?;
+    tpgrpo::image::save_png(out, &images[0])?;
     println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
     Ok(())
 }

@@ -11,7 +11,7 @@ use burn::prelude::*;
 use common::{noise, scratch, tiny_config};
 use tpgrpo::backend::Backend as B;
 use tpgrpo::model::{LoraConfig, MMDiT};
-use tpgrpo::sampler::noise::gaussian;
+use tpgrpo::rng::gaussian;
 use tpgrpo::train::{clip_global_norm, AdamW, AdamWConfig, GradientNoise};
 use tpgrpo::weights::{export_params, WeightFiles};
 

@@ -11,7 +11,7 @@ use tpgrpo::backend::Backend as B;
 use tpgrpo::model::{AutoencoderKL, ClipTextModel, T5EncoderModel, VaeConfig};
 use tpgrpo::pipeline::{EmbeddingCache, Sd3Pipeline, TextTokenizer, CLIP_LENGTH};
 use tpgrpo::sampler::Conditioning;
-use tpgrpo::train::Pipeline;
+use tpgrpo::sampler::TextToImage;
 use tpgrpo::weights::WeightFiles;
 
 fn root() -> PathBuf {

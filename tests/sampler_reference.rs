@@ -1,5 +1,6 @@
 //! The schedule and the SDE / CPS steps against the float64 reference of
-//! ../shared/fixtures/flow_sde_reference.json (or `$TPGRPO_SDE_FIXTURE`).
+//! tests/fixtures/flow_sde_reference.json (or `$TPGRPO_SDE_FIXTURE`), a copy of the design
+//! notes' shared fixture with its header.
 
 mod common;
 
@@ -12,7 +13,7 @@ use tpgrpo::sampler::{cps_step, euler_step, sde_step, FlowSchedule};
 
 fn fixture() -> Value {
     let path = std::env::var_os("TPGRPO_SDE_FIXTURE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/flow_sde_reference.json")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flow_sde_reference.json")
     });
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()

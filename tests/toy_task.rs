@@ -1,7 +1,8 @@
 //! The embedded toy task: prompts, renderer, scorer (checked on hand-built scenes) and the
 //! text encoder.
 
-use tpgrpo::reward::{score_checked, Image, Prompt, Reward};
+use tpgrpo::image::Image;
+use tpgrpo::reward::{score_checked, Prompt, Reward};
 use tpgrpo::toy::draw::{layout, paint, Placed};
 use tpgrpo::toy::prompt::{all_scenes, Color, Include, Relation, Shape};
 use tpgrpo::toy::scorer::{detect, score_scene, Checks, COLOR_ONLY_CREDIT};

@@ -1,5 +1,6 @@
 //! TP-GRPO credit assignment and advantages against the float64 reference cases of
-//! ../shared/fixtures/tp_credit_reference.json (or `$TPGRPO_TP_FIXTURE`).
+//! tests/fixtures/tp_credit_reference.json (or `$TPGRPO_TP_FIXTURE`), a copy of the design
+//! notes' shared fixture with its header.
 
 use std::path::PathBuf;
 
@@ -11,8 +12,7 @@ use tpgrpo::grpo::{
 
 fn fixture_path() -> PathBuf {
     std::env::var_os("TPGRPO_TP_FIXTURE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/fixtures/tp_credit_reference.json")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tp_credit_reference.json")
     })
 }
 

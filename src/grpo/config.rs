@@ -105,26 +105,8 @@ impl ObjectiveConfig {
         &self,
         overrides: &serde_json::Map<String, serde_json::Value>,
     ) -> crate::Result<Self> {
-        let mut value = serde_json::to_value(self).expect("config serialises");
-        let object = value.as_object_mut().expect("config is an object");
-        for (key, v) in overrides {
-            if !object.contains_key(key) {
-                return Err(Error::config(
-                    key.clone(),
-                    format!(
-                        "unknown option (known: {})",
-                        object.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-            object.insert(key.clone(), v.clone());
-            let probe: Result<Self, _> =
-                serde_json::from_value(serde_json::Value::Object(object.clone()));
-            if let Err(e) = probe {
-                return Err(Error::config(key.clone(), format!("invalid value {v}: {e}")));
-            }
-        }
-        let config: Self = serde_json::from_value(value).expect("checked field by field");
+        let updates: Vec<_> = overrides.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let config = crate::overrides::apply(self, &updates)?;
         config.validate()?;
         Ok(config)
     }

@@ -1,9 +1,12 @@
 //! The clipped policy-ratio loss and the KL penalty to the reference policy, on any backend.
 
 use burn::prelude::*;
+use serde::{Deserialize, Serialize};
 
-/// Statistics logged for one evaluation of [`policy_loss`].
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// Statistics of the loss at one micro-batch and trained step (their means are logged in
+/// `metrics.jsonl`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LossStats {
     /// Mean importance ratio `exp(logp - logp_old)`.
     pub ratio_mean: f64,
@@ -13,6 +16,26 @@ pub struct LossStats {
     pub clip_frac_below: f64,
     /// `0.5 * mean((logp - logp_old)^2)`.
     pub approx_kl: f64,
+    /// The KL penalty to the reference policy, before `beta` (0 when `beta = 0`: not computed).
+    pub kl: f64,
+    /// The clipped policy-gradient loss `L_pg`.
+    pub policy_loss: f64,
+}
+
+impl LossStats {
+    /// The field-wise mean of `stats` (all zero for none).
+    pub fn mean(stats: &[LossStats]) -> LossStats {
+        let n = stats.len().max(1) as f64;
+        let sum = |f: fn(&LossStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
+        LossStats {
+            ratio_mean: sum(|s| s.ratio_mean),
+            clip_frac_above: sum(|s| s.clip_frac_above),
+            clip_frac_below: sum(|s| s.clip_frac_below),
+            approx_kl: sum(|s| s.approx_kl),
+            kl: sum(|s| s.kl),
+            policy_loss: sum(|s| s.policy_loss),
+        }
+    }
 }
 
 fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
@@ -48,6 +71,8 @@ pub fn policy_loss<B: Backend>(
         clip_frac_above: scalar(r.clone().greater_elem(1.0 + clip_range).float().mean()),
         clip_frac_below: scalar(r.lower_elem(1.0 - clip_range).float().mean()),
         approx_kl: 0.5 * scalar(log_ratio.detach().powi_scalar(2).mean()),
+        kl: 0.0,
+        policy_loss: scalar(loss.clone().detach()),
     };
     (loss, stats)
 }

@@ -5,6 +5,7 @@
 pub mod advantage;
 pub mod config;
 pub mod credit;
+pub mod epoch;
 pub mod inspect;
 pub mod loss;
 pub mod turning_point;
@@ -14,5 +15,6 @@ pub use advantage::{
 };
 pub use config::{BalanceKey, Objective, ObjectiveConfig};
 pub use credit::{credit_batch, mean_abs_step_rewards, step_rewards, TrajectoryCredit};
+pub use epoch::{assign_credit, CreditStats, EpochCredit, RewardRows};
 pub use loss::{kl_penalty, policy_loss, LossStats};
 pub use turning_point::turning_points;

@@ -8,9 +8,10 @@ use std::path::Path;
 
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, sigmoid, softmax};
+use burn::tensor::activation::{gelu, sigmoid};
 
-use crate::weights::{apply_plan, read_config, torch_param_name, Source, WeightFiles};
+use crate::model::attention::{self_attention, Scores};
+use crate::weights::{load_folder, torch_param_name, Source};
 
 /// A CLIP text encoder's `config.json` (the fields SD3 uses).
 #[derive(Config, Debug)]
@@ -133,26 +134,14 @@ pub struct ClipAttention<B: Backend> {
 }
 
 impl<B: Backend> ClipAttention<B> {
-    /// `softmax(q k^T / sqrt(Dh) + mask) v` over `heads` heads of `x: [B, T, D]`, with the
-    /// causal `mask` `[1, 1, T, T]` built once per forward pass.
-    pub fn forward(&self, x: Tensor<B, 3>, mask: Tensor<B, 4>) -> Tensor<B, 3> {
-        let [b, t, d] = x.dims();
-        let dh = d / self.heads;
-        let split = |y: Tensor<B, 3>| y.reshape([b, t, self.heads, dh]).swap_dims(1, 2);
-        let q = split(self.q_proj.forward(x.clone())) * (1.0 / (dh as f64).sqrt());
-        let k = split(self.k_proj.forward(x.clone()));
-        let v = split(self.v_proj.forward(x));
-        let scores = q.matmul(k.swap_dims(2, 3)) + mask;
-        let out = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, t, d]);
-        self.out_proj.forward(out)
+    /// `softmax(q k^T / sqrt(Dh) + causal mask) v` over `heads` heads of `x: [B, T, D]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let q = self.q_proj.forward(x.clone());
+        let k = self.k_proj.forward(x.clone());
+        let v = self.v_proj.forward(x);
+        let causal = Scores { scale: None, causal: true };
+        self.out_proj.forward(self_attention(q, k, v, self.heads, causal))
     }
-}
-
-/// `[1, 1, T, T]`: 0 on and below the diagonal, -inf above.
-fn causal_mask<B: Backend>(t: usize, device: &B::Device) -> Tensor<B, 4> {
-    let values: Vec<f32> =
-        (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
-    Tensor::from_data(TensorData::new(values, [1, 1, t, t]), device)
 }
 
 /// Two-layer MLP with quick-GELU `x sigmoid(1.702 x)` (CLIP-L) or exact GELU (CLIP-G).
@@ -189,8 +178,8 @@ pub struct ClipEncoderLayer<B: Backend> {
 
 impl<B: Backend> ClipEncoderLayer<B> {
     /// `x + attn(ln1 x)`, then `+ mlp(ln2 .)`.
-    pub fn forward(&self, x: Tensor<B, 3>, mask: Tensor<B, 4>) -> Tensor<B, 3> {
-        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x), mask);
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
         x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
     }
 }
@@ -238,20 +227,13 @@ impl<B: Backend> ClipTextModel<B> {
     /// Loads a transformers `text_encoder/` folder: `config.json` and `model.safetensors` (or
     /// shards). The `position_ids` buffer of older checkpoints is ignored.
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
-        let dir = dir.as_ref();
-        let config: ClipTextConfig = read_config(dir.join("config.json"))?;
-        let mut model = config
-            .init(device)
-            .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
-        let files = WeightFiles::open_dir(dir, "model")?;
-        apply_plan(
-            &mut model,
-            &files,
-            dir,
+        load_folder(
+            dir.as_ref(),
+            "model",
+            |config: &ClipTextConfig| config.init(device),
             |path| Source::key(torch_param_name(path)),
             |key| !key.ends_with("position_ids"),
-        )?;
-        Ok(model)
+        )
     }
 
     /// The position at which each sequence is pooled: the first end-of-text token, or with the
@@ -303,12 +285,11 @@ impl<B: Backend> ClipTextModel<B> {
         let mut x = tm.embeddings.token_embedding.forward(tokens)
             + tm.embeddings.position_embedding.forward(positions);
         let (last, rest) = tm.encoder.layers.split_last().expect("validated: >= 2 layers");
-        let mask = causal_mask::<B>(t, device);
         for layer in rest {
-            x = layer.forward(x, mask.clone());
+            x = layer.forward(x);
         }
         let hidden = x.clone();
-        let x = tm.final_layer_norm.forward(last.forward(x, mask));
+        let x = tm.final_layer_norm.forward(last.forward(x));
         let d = x.dims()[2];
         let rows: Vec<Tensor<B, 2>> = pool
             .iter()

@@ -13,12 +13,11 @@ use std::path::Path;
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::module::linear;
 
-use super::mmdit::attention::{JointAttention, SelfAttention};
+use super::lora_linear::{LoraAdapter, LoraLinear};
 use super::MMDiT;
 
-use crate::sampler::noise::gaussian;
+use crate::rng::gaussian;
 use crate::weights::{save_safetensors, write_atomically, WeightFiles};
 
 /// PEFT's adapter weight file name.
@@ -82,97 +81,6 @@ impl LoraConfig {
 /// PEFT's rule: `target` is the whole module name or a dot-separated suffix of it.
 fn suffix_match(name: &str, target: &str) -> bool {
     name == target || name.strip_suffix(target).is_some_and(|head| head.ends_with('.'))
-}
-
-/// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
-#[derive(Module, Debug)]
-pub struct LoraLinear<B: Backend> {
-    /// Base weight `[in, out]` (Burn layout; PyTorch stores `[out, in]`).
-    pub weight: Param<Tensor<B, 2>>,
-    /// Base bias `[out]`.
-    pub bias: Option<Param<Tensor<B, 1>>>,
-    /// The adapter, when attached.
-    pub lora: Option<LoraAdapter<B>>,
-}
-
-/// The low-rank update of one linear layer.
-#[derive(Module, Debug)]
-pub struct LoraAdapter<B: Backend> {
-    /// `A: [in, r]` (PEFT's `lora_A.weight` transposed).
-    pub lora_a: Param<Tensor<B, 2>>,
-    /// `B: [r, out]` (PEFT's `lora_B.weight` transposed).
-    pub lora_b: Param<Tensor<B, 2>>,
-    /// `alpha / r`.
-    pub scale: f64,
-}
-
-impl<B: Backend> LoraLinear<B> {
-    /// A randomly initialised `d_in -> d_out` layer with bias (Burn's `Linear` initialisation).
-    pub fn new(d_in: usize, d_out: usize, device: &B::Device) -> Self {
-        let base = burn::nn::LinearConfig::new(d_in, d_out).init::<B>(device);
-        LoraLinear { weight: base.weight, bias: base.bias, lora: None }
-    }
-
-    /// `x W + b`, plus `scale (x A) B` when an adapter is attached.
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let base = linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
-        match &self.lora {
-            None => base,
-            Some(l) => {
-                let low = x.matmul(l.lora_a.val().unsqueeze()).matmul(l.lora_b.val().unsqueeze());
-                base + low * l.scale
-            }
-        }
-    }
-
-    /// `[in, out]` of the base weight.
-    pub fn dims(&self) -> [usize; 2] {
-        let shape = self.weight.lazy_shape();
-        [shape[0], shape[1]]
-    }
-
-    /// The layer with `W + scale A B` as its weight and no adapter.
-    pub fn merged(self) -> Self {
-        let weight = match &self.lora {
-            None => return self,
-            Some(l) => {
-                let delta = l.lora_a.val().matmul(l.lora_b.val()) * l.scale;
-                Param::from_tensor(self.weight.val() + delta).set_require_grad(false)
-            }
-        };
-        LoraLinear { weight, bias: self.bias, lora: None }
-    }
-}
-
-impl<B: Backend> JointAttention<B> {
-    /// The adaptable projections with their diffusers module names.
-    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
-        let mut out: Vec<(&'static str, &mut LoraLinear<B>)> = vec![
-            ("to_q", &mut self.to_q),
-            ("to_k", &mut self.to_k),
-            ("to_v", &mut self.to_v),
-            ("to_out.0", &mut self.to_out),
-            ("add_q_proj", &mut self.add_q_proj),
-            ("add_k_proj", &mut self.add_k_proj),
-            ("add_v_proj", &mut self.add_v_proj),
-        ];
-        if let Some(p) = self.to_add_out.as_mut() {
-            out.push(("to_add_out", p));
-        }
-        out
-    }
-}
-
-impl<B: Backend> SelfAttention<B> {
-    /// The adaptable projections with their diffusers module names.
-    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
-        vec![
-            ("to_q", &mut self.to_q),
-            ("to_k", &mut self.to_k),
-            ("to_v", &mut self.to_v),
-            ("to_out.0", &mut self.to_out),
-        ]
-    }
 }
 
 impl<B: Backend> MMDiT<B> {

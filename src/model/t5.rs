@@ -9,9 +9,10 @@ use std::path::Path;
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu_approximate, relu, softmax};
+use burn::tensor::activation::{gelu_approximate, relu};
 
-use crate::weights::{apply_plan, read_config, Source, WeightFiles};
+use crate::model::attention::{attend, merge_heads, split_heads, Scores};
+use crate::weights::{load_folder, Source};
 
 /// A T5 encoder's `config.json` (the fields the encoder uses).
 #[derive(Config, Debug)]
@@ -136,17 +137,12 @@ pub struct T5Attention<B: Backend> {
 impl<B: Backend> T5Attention<B> {
     /// `o(softmax(q k^T + bias) v)` for `x: [B, T, D]` and `bias: [1, H, T, T]`.
     pub fn forward(&self, x: Tensor<B, 3>, bias: Tensor<B, 4>) -> Tensor<B, 3> {
-        let [b, t, _] = x.dims();
-        let split = |y: Tensor<B, 3>| {
-            let inner = y.dims()[2];
-            y.reshape([b, t, self.heads, inner / self.heads]).swap_dims(1, 2)
-        };
-        let q = split(self.q.forward(x.clone()));
-        let k = split(self.k.forward(x.clone()));
-        let v = split(self.v.forward(x));
-        let out = softmax(q.matmul(k.swap_dims(2, 3)) + bias, 3).matmul(v);
-        let inner = out.dims()[1] * out.dims()[3];
-        self.o.forward(out.swap_dims(1, 2).reshape([b, t, inner]))
+        let h = self.heads;
+        let q = split_heads(self.q.forward(x.clone()), h);
+        let k = split_heads(self.k.forward(x.clone()), h);
+        let v = split_heads(self.v.forward(x), h);
+        let unscaled = Scores { scale: Some(1.0), causal: false };
+        self.o.forward(merge_heads(attend(q, k, v, Some(bias), unscaled)))
     }
 }
 
@@ -238,15 +234,13 @@ impl<B: Backend> T5EncoderModel<B> {
     /// Loads a transformers `text_encoder_3/` folder: `config.json` and `model.safetensors`
     /// (or shards). `encoder.embed_tokens.weight`, when present, is the tied copy of `shared`.
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
-        let dir = dir.as_ref();
-        let config: T5Config = read_config(dir.join("config.json"))?;
-        let files = WeightFiles::open_dir(dir, "model")?;
-        let mut model = config
-            .init(device)
-            .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
-        let plan = |path: &str| Source::key(t5_key(path));
-        apply_plan(&mut model, &files, dir, plan, |key| key != "encoder.embed_tokens.weight")?;
-        Ok(model)
+        load_folder(
+            dir.as_ref(),
+            "model",
+            |config: &T5Config| config.init(device),
+            |path| Source::key(t5_key(path)),
+            |key| key != "encoder.embed_tokens.weight",
+        )
     }
 
     /// The attention bias `[1, H, T, T]` shared by every block.

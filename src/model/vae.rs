@@ -9,9 +9,10 @@ use std::path::Path;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{GroupNorm, GroupNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::silu;
 
-use crate::weights::{apply_plan, read_config, torch_param_name, Source, WeightFiles};
+use crate::model::attention::{self_attention, Scores};
+use crate::weights::{apply_plan, load_folder, torch_param_name, Source, WeightFiles};
 
 /// Key prefix of the VAE in Stability single-file checkpoints.
 pub const LDM_PREFIX: &str = "first_stage_model.";
@@ -213,10 +214,10 @@ impl<B: Backend> VaeAttention<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, c, h, w] = x.dims();
         let t = self.group_norm.forward(x.clone()).reshape([b, c, h * w]).swap_dims(1, 2);
-        let q = self.to_q.forward(t.clone()) * (1.0 / (c as f64).sqrt());
+        let q = self.to_q.forward(t.clone());
         let k = self.to_k.forward(t.clone());
         let v = self.to_v.forward(t);
-        let out = softmax(q.matmul(k.swap_dims(1, 2)), 2).matmul(v);
+        let out = self_attention(q, k, v, 1, Scores::default());
         x + self.to_out.forward(out).swap_dims(1, 2).reshape([b, c, h, w])
     }
 }
@@ -387,14 +388,13 @@ pub fn ldm_key(key: &str, levels: usize) -> String {
 impl<B: Backend> AutoencoderKL<B> {
     /// Loads a diffusers `vae/` folder (`config.json` + `diffusion_pytorch_model.safetensors`).
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
-        let dir = dir.as_ref();
-        let config: VaeConfig = read_config(dir.join("config.json"))?;
-        let mut vae = config
-            .init(device)
-            .map_err(|e| crate::Error::format(dir.join("config.json"), e.to_string()))?;
-        let files = WeightFiles::open_dir(dir, "diffusion_pytorch_model")?;
-        apply_plan(&mut vae, &files, dir, |p| Source::key(Self::diffusers_key(p)), |_| true)?;
-        Ok(vae)
+        load_folder(
+            dir.as_ref(),
+            "diffusion_pytorch_model",
+            |config: &VaeConfig| config.init(device),
+            |p| Source::key(Self::diffusers_key(p)),
+            |_| true,
+        )
     }
 
     /// Loads the VAE of a Stability single-file checkpoint (`first_stage_model.*`, LDM names);

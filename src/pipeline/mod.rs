@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::image::Image;
 use crate::model::{AutoencoderKL, ClipTextModel, MMDiT, T5EncoderModel};
-use crate::reward::Image;
-use crate::sampler::{ode_completions, seeded_noise, Conditioning, FlowSchedule};
+use crate::sampler::{ode_sample, seeded_noise, Conditioning, FlowSchedule, TextToImage};
 use crate::weights::{save_safetensors_with_metadata, WeightFiles};
 pub use config::SampleConfig;
 pub use tokenizer::TextTokenizer;
@@ -126,7 +126,7 @@ impl<B: Backend> Sd3Conditioner<B> {
     }
 }
 
-impl<B: Backend> crate::train::Pipeline<B> for Sd3Conditioner<B> {
+impl<B: Backend> TextToImage<B> for Sd3Conditioner<B> {
     fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
         if let Some(cache) = &self.cache {
             if texts.iter().all(|t| cache.contains(t)) {
@@ -364,15 +364,7 @@ impl<B: Backend> Sd3Pipeline<B> {
         guidance_scale: f64,
     ) -> Result<Tensor<B, 4>> {
         let schedule = FlowSchedule::new(steps, self.shift)?;
-        let (mut out, _) = ode_completions(
-            &self.transformer,
-            &schedule,
-            &[(0, noise)],
-            cond,
-            uncond,
-            guidance_scale,
-        )?;
-        Ok(out.remove(0))
+        ode_sample(&self.transformer, &schedule, noise, cond, uncond, guidance_scale)
     }
 
     /// Generates one image per prompt from seeded noise (seed `seeds[i]` for prompt `i`).
@@ -382,7 +374,6 @@ impl<B: Backend> Sd3Pipeline<B> {
         seeds: &[u64],
         config: &SampleConfig,
     ) -> Result<Vec<Image>> {
-        use crate::train::Pipeline;
         if prompts.len() != seeds.len() {
             return Err(Error::config(
                 "seeds",
@@ -394,10 +385,25 @@ impl<B: Backend> Sd3Pipeline<B> {
         let [lh, lw] = self.latent_size([config.height.unwrap_or(h), config.width.unwrap_or(w)])?;
         let shape = [self.conditioner.latent[0], lh, lw];
         let noise = seeded_noise::<B>(seeds, 0, shape, device);
-        let cond = self.conditioner.encode(prompts)?;
+        let cond = self.encode(prompts)?;
         let negatives = vec![config.negative_prompt.as_str(); prompts.len()];
-        let uncond = self.conditioner.encode(&negatives)?;
+        let uncond = self.encode(&negatives)?;
         let latents = self.denoise(noise, &cond, &uncond, config.steps, config.guidance_scale)?;
+        self.decode(latents)
+    }
+}
+
+/// The pipeline's encoders and VAE (the transformer is used by [`Sd3Pipeline::denoise`]).
+impl<B: Backend> TextToImage<B> for Sd3Pipeline<B> {
+    fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+        self.conditioner.encode(texts)
+    }
+
+    fn decode(&self, latents: Tensor<B, 4>) -> Result<Vec<Image>> {
         self.conditioner.decode(latents)
+    }
+
+    fn latent_shape(&self) -> [usize; 3] {
+        self.conditioner.latent_shape()
     }
 }

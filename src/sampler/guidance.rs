@@ -20,6 +20,14 @@ impl<B: Backend> Conditioning<B> {
         self.text.dims()[0]
     }
 
+    /// The rows `rows` of the batch, in that order (repeats allowed).
+    pub fn select(&self, rows: &[usize]) -> Self {
+        Conditioning {
+            text: select_rows(&self.text, rows),
+            pooled: select_rows(&self.pooled, rows),
+        }
+    }
+
     /// `[self; other]` along the batch.
     pub fn cat(self, other: Self) -> Self {
         Conditioning {
@@ -27,6 +35,13 @@ impl<B: Backend> Conditioning<B> {
             pooled: Tensor::cat(vec![self.pooled, other.pooled], 0),
         }
     }
+}
+
+/// The rows `rows` of `t` along dimension 0, in that order (repeats allowed).
+pub fn select_rows<B: Backend, const D: usize>(t: &Tensor<B, D>, rows: &[usize]) -> Tensor<B, D> {
+    let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &t.device());
+    t.clone().select(0, idx)
 }
 
 /// A velocity field `v(x, t, c)`: the MMDiT, or an analytic field in tests.

@@ -1,13 +1,18 @@
 //! Flow-matching sampling: the shifted schedule, the Euler, SDE (noise scale alpha) and CPS
-//! steps with their log-probabilities, and classifier-free guidance over a velocity model.
+//! steps with their log-probabilities, classifier-free guidance over a velocity model,
+//! rollouts with an SDE window and ODE completions, and the text-to-image interface around
+//! the denoiser.
 
 pub mod guidance;
 pub mod noise;
 pub mod rollout;
 pub mod schedule;
 pub mod step;
+pub mod text_to_image;
 
 pub use guidance::{guided_velocity, Conditioning, Guidance, VelocityModel};
-pub use rollout::{ode_completions, rollout, seeded_noise, Rollout, RolloutConfig, SamplerKind};
+pub use noise::seeded_noise;
+pub use rollout::{ode_completions, ode_sample, rollout, Rollout, RolloutConfig};
 pub use schedule::FlowSchedule;
-pub use step::{cps_step, euler_step, sde_step, GaussianStep, StepKind};
+pub use step::{cps_step, euler_step, sde_step, GaussianStep, SamplerKind};
+pub use text_to_image::TextToImage;

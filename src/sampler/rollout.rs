@@ -4,23 +4,12 @@
 use std::ops::Range;
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use super::guidance::{Conditioning, Guidance, VelocityModel};
-use super::noise::gaussian;
+use super::noise::seeded_noise;
 use super::schedule::FlowSchedule;
-use super::step::{cps_step, euler_step, sde_step};
+use super::step::{euler_step, SamplerKind};
 use crate::error::Error;
-
-/// The stochastic sampler of the trained steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SamplerKind {
-    /// Flow-GRPO's SDE step.
-    Sde,
-    /// The CPS step (the TP-GRPO scripts' choice).
-    Cps,
-}
 
 /// How rollouts are sampled (defaults: the TP-GRPO SD3.5-medium scripts).
 #[derive(Config, Debug, PartialEq)]
@@ -101,18 +90,6 @@ fn timesteps<B: Backend>(sigma: f64, batch: usize, device: &B::Device) -> Tensor
     Tensor::full([batch], sigma * 1000.0, device)
 }
 
-/// Per-sample noise `[B, C, H, W]` of stream `stream` for the given seeds.
-pub fn seeded_noise<B: Backend>(
-    seeds: &[u64],
-    stream: u64,
-    shape: [usize; 3],
-    device: &B::Device,
-) -> Tensor<B, 4> {
-    let count = shape.iter().product();
-    let values: Vec<f32> = seeds.iter().flat_map(|&s| gaussian(s, stream, count)).collect();
-    Tensor::from_data(TensorData::new(values, [seeds.len(), shape[0], shape[1], shape[2]]), device)
-}
-
 /// Samples one trajectory per seed: initial noise from stream 0 of each sample's seed, Euler
 /// steps outside the SDE window, stochastic steps (noise from stream `i + 1`) inside it, CFG at
 /// every step.
@@ -135,10 +112,7 @@ pub fn rollout<B: Backend, M: VelocityModel<B>>(
         let (sigma, sigma_next) = (schedule.sigmas[i], schedule.sigmas[i + 1]);
         let v = guidance.velocity(model, x.clone(), timesteps(sigma, b, device))?;
         x = if cfg.window().contains(&i) {
-            let step = match cfg.sampler {
-                SamplerKind::Sde => sde_step(x, v, &schedule, i, cfg.noise_level)?,
-                SamplerKind::Cps => cps_step(x, v, &schedule, i, cfg.noise_level)?,
-            };
+            let step = cfg.sampler.step(x, v, &schedule, i, cfg.noise_level)?;
             let next = step.sample(seeded_noise(seeds, i as u64 + 1, latent_shape, device));
             log_probs.push(step.log_prob(next.clone())?);
             next
@@ -195,4 +169,18 @@ pub fn ode_completions<B: Backend, M: VelocityModel<B>>(
         nfe += reps;
     }
     Ok((states, nfe))
+}
+
+/// Generates clean samples from initial noise `[B, C, H, W]` at sigma 1: the guided Euler ODE
+/// over the whole schedule (the ODE completion of step 0).
+pub fn ode_sample<B: Backend, M: VelocityModel<B>>(
+    model: &M,
+    schedule: &FlowSchedule,
+    noise: Tensor<B, 4>,
+    cond: &Conditioning<B>,
+    uncond: &Conditioning<B>,
+    guidance: f64,
+) -> crate::Result<Tensor<B, 4>> {
+    let (mut out, _) = ode_completions(model, schedule, &[(0, noise)], cond, uncond, guidance)?;
+    Ok(out.remove(0))
 }

@@ -2,6 +2,7 @@
 //! step; the stochastic ones are Gaussian transitions with a log-probability.
 
 use burn::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use super::schedule::FlowSchedule;
 use crate::error::Error;
@@ -19,13 +20,32 @@ pub fn euler_step<B: Backend>(
     x + v * (sigma_next - sigma)
 }
 
-/// Which stochastic sampler produced a [`GaussianStep`] (it fixes the log-prob's form).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepKind {
-    /// Flow-GRPO's SDE step: normalised Gaussian log-density.
+/// The stochastic sampler of the trained steps; it also fixes the log-prob's form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerKind {
+    /// Flow-GRPO's SDE step ([`sde_step`]): normalised Gaussian log-density.
     Sde,
-    /// The CPS step: the unnormalised `-(x_next - mean)^2`.
+    /// The CPS step ([`cps_step`], the TP-GRPO scripts' choice): the unnormalised
+    /// `-(x_next - mean)^2`.
     Cps,
+}
+
+impl SamplerKind {
+    /// This sampler's Gaussian step at step `step` with noise scale `alpha`.
+    pub fn step<B: Backend>(
+        self,
+        x: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        schedule: &FlowSchedule,
+        step: usize,
+        alpha: f64,
+    ) -> crate::Result<GaussianStep<B>> {
+        match self {
+            SamplerKind::Sde => sde_step(x, v, schedule, step, alpha),
+            SamplerKind::Cps => cps_step(x, v, schedule, step, alpha),
+        }
+    }
 }
 
 /// A Gaussian transition `x_next ~ N(mean, std^2 I)`.
@@ -36,7 +56,7 @@ pub struct GaussianStep<B: Backend> {
     /// The per-element standard deviation (0 when alpha = 0: the step is Euler).
     pub std: f64,
     /// The sampler.
-    pub kind: StepKind,
+    pub kind: SamplerKind,
 }
 
 impl<B: Backend> GaussianStep<B> {
@@ -53,7 +73,7 @@ impl<B: Backend> GaussianStep<B> {
     /// A deterministic SDE step (std 0, alpha = 0) has no density and is an error; the CPS
     /// form stays defined (it is then 0 at the mean).
     pub fn log_prob(&self, x_next: Tensor<B, 4>) -> crate::Result<Tensor<B, 1>> {
-        if self.kind == StepKind::Sde && self.std <= 0.0 {
+        if self.kind == SamplerKind::Sde && self.std <= 0.0 {
             return Err(Error::config(
                 "noise_level",
                 "the SDE step is deterministic (alpha = 0): it has no log-probability",
@@ -62,8 +82,8 @@ impl<B: Backend> GaussianStep<B> {
         let [b, c, h, w] = self.mean.dims();
         let sq = (x_next.detach() - self.mean.clone()).powi_scalar(2);
         let per_elem = match self.kind {
-            StepKind::Sde => sq / (-2.0 * self.std * self.std) - (self.std.ln() + LN_SQRT_2PI),
-            StepKind::Cps => -sq,
+            SamplerKind::Sde => sq / (-2.0 * self.std * self.std) - (self.std.ln() + LN_SQRT_2PI),
+            SamplerKind::Cps => -sq,
         };
         Ok(per_elem.reshape([b, c * h * w]).mean_dim(1).reshape([b]))
     }
@@ -107,7 +127,7 @@ pub fn sde_step<B: Backend>(
     let var = std_dev_t * std_dev_t;
     let mean = x * (1.0 + var / (2.0 * sigma) * dt)
         + v * ((1.0 + var * (1.0 - sigma) / (2.0 * sigma)) * dt);
-    Ok(GaussianStep { mean, std: std_dev_t * (-dt).sqrt(), kind: StepKind::Sde })
+    Ok(GaussianStep { mean, std: std_dev_t * (-dt).sqrt(), kind: SamplerKind::Sde })
 }
 
 /// The CPS step at step `i` with noise scale `alpha`:
@@ -129,5 +149,5 @@ pub fn cps_step<B: Backend>(
     let x0 = x.clone() - v.clone() * sigma;
     let x1 = x + v * (1.0 - sigma);
     let mean = x0 * (1.0 - sigma_next) + x1 * (sigma_next * sigma_next - std * std).max(0.0).sqrt();
-    Ok(GaussianStep { mean, std, kind: StepKind::Cps })
+    Ok(GaussianStep { mean, std, kind: SamplerKind::Cps })
 }

@@ -1,8 +1,8 @@
 //! Procedural rendering of toy scenes: filled circles, squares and triangles on black.
 
 use super::prompt::{Relation, Scene, Shape};
-use crate::reward::Image;
-use crate::sampler::noise::SplitMix64;
+use crate::image::Image;
+use crate::rng::SplitMix64;
 
 /// Side of the toy images in pixels.
 pub const IMAGE_SIZE: usize = 32;

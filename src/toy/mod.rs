@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::image::Image;
 use crate::model::{MMDiT, MMDiTConfig};
-use crate::reward::Image;
 use crate::sampler::Conditioning;
 use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
 
@@ -122,7 +122,7 @@ pub struct ToyPipeline<B: Backend> {
     pub text_encoder: ToyTextEncoder<B>,
 }
 
-impl<B: Backend> crate::train::Pipeline<B> for ToyPipeline<B> {
+impl<B: Backend> crate::sampler::TextToImage<B> for ToyPipeline<B> {
     fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
         self.text_encoder.encode(texts)
     }

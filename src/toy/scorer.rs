@@ -8,7 +8,8 @@
 
 use super::prompt::{Color, Include, Relation, Scene, Shape};
 use crate::error::Result;
-use crate::reward::{Image, Prompt, Reward};
+use crate::image::Image;
+use crate::reward::{Prompt, Reward};
 
 /// Largest Euclidean RGB distance at which a pixel counts as a palette colour.
 pub const COLOR_TOLERANCE: f32 = 0.3;

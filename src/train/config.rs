@@ -10,6 +10,7 @@ use super::ema::EmaConfig;
 use super::optim::AdamWConfig;
 use crate::grpo::ObjectiveConfig;
 use crate::model::LoraConfig;
+use crate::overrides;
 use crate::sampler::RolloutConfig;
 
 /// Everything a training run needs besides the model, prompts and reward (defaults: the
@@ -76,42 +77,6 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
     crate::Error::config(field, message)
 }
 
-/// Sets `path` (dotted) in `value` to `new`; an unknown field is an error listing the known
-/// ones.
-fn set_path(value: &mut Value, path: &str, new: Value) -> crate::Result<()> {
-    let mut node = value;
-    let parts: Vec<&str> = path.split('.').collect();
-    for (i, part) in parts.iter().enumerate() {
-        let here = parts[..=i].join(".");
-        let object = node
-            .as_object_mut()
-            .ok_or_else(|| err(&parts[..i].join("."), "is not a group of options"))?;
-        if !object.contains_key(*part) {
-            let known: Vec<&String> = object.keys().collect();
-            return Err(err(&here, format!("unknown option (known here: {known:?})")));
-        }
-        if i + 1 == parts.len() {
-            object.insert(part.to_string(), new);
-            return Ok(());
-        }
-        node = object.get_mut(*part).expect("checked");
-    }
-    Ok(())
-}
-
-/// Every leaf of a JSON object as `(dotted path, value)`.
-fn leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
-    match value {
-        Value::Object(map) if !map.is_empty() => {
-            for (k, v) in map {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                leaves(&path, v, out);
-            }
-        }
-        _ => out.push((prefix.to_string(), value.clone())),
-    }
-}
-
 impl TrainConfig {
     /// These settings with the fields of the JSON file `file` (any subset, nested like the
     /// struct) and then the `key.path=value` overrides applied (`value` is JSON, or a bare
@@ -125,22 +90,12 @@ impl TrainConfig {
             if !json.is_object() {
                 return Err(crate::Error::format(path, "expected a JSON object"));
             }
-            leaves("", &json, &mut updates);
+            updates.extend(overrides::leaves(&json));
         }
         for o in overrides {
-            let (key, raw) =
-                o.split_once('=').ok_or_else(|| err(o, "an override is written key.path=value"))?;
-            let v = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
-            updates.push((key.trim().to_string(), v));
+            updates.push(overrides::parse_assignment(o)?);
         }
-        let mut value = serde_json::to_value(self).expect("config serialises");
-        for (key, v) in updates {
-            set_path(&mut value, &key, v.clone())?;
-            if let Err(e) = serde_json::from_value::<Self>(value.clone()) {
-                return Err(err(&key, format!("invalid value {v}: {e}")));
-            }
-        }
-        let config: Self = serde_json::from_value(value).expect("checked key by key");
+        let config = overrides::apply(self, &updates)?;
         config.validate()?;
         Ok(config)
     }

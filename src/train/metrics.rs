@@ -6,12 +6,15 @@ use serde::{Deserialize, Serialize};
 
 use super::noise_scale::GradientNoise;
 use crate::error::{Error, Result};
+use crate::grpo::{CreditStats, LossStats};
 use crate::weights::write_atomically;
 
-/// What one epoch did and measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What one epoch did and measured: one flat JSON object per line (the credit and loss
+/// statistics are flattened in), every field defaulted when absent.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct EpochMetrics {
-    /// Epoch number, from 1.
+    /// Epoch number, from 1 (0: the evaluation before training).
     pub epoch: usize,
     /// `tp-grpo` or `flow-grpo`.
     pub objective: String,
@@ -21,42 +24,18 @@ pub struct EpochMetrics {
     pub reward_std: f64,
     /// Mean held-out reward with EMA weights after this epoch, when evaluated.
     pub eval_reward: Option<f64>,
-    /// Turning points credited after balancing.
-    pub turning_points: usize,
-    /// ... of which with a positive trend `Delta`.
-    pub turning_points_positive: usize,
-    /// ... of which with a negative trend `Delta`.
-    pub turning_points_negative: usize,
-    /// Turning points before balancing.
-    pub turning_point_candidates: usize,
-    /// Mean `|R_{k+1} - R_k|` per trained step: how much one step changes the reward of the
-    /// ODE completion (TP-GRPO; empty for Flow-GRPO, which computes no completions).
-    #[serde(default)]
-    pub step_reward_change: Vec<f64>,
-    /// Samples trained on (the others had all-zero advantages).
-    pub samples_used: usize,
-    /// Samples dropped for all-zero advantages.
-    pub samples_dropped: usize,
-    /// Mean policy ratio over micro-batches and steps.
-    pub ratio_mean: f64,
-    /// Fraction of ratios above `1 + eps`.
-    pub clip_frac_above: f64,
-    /// Fraction of ratios below `1 - eps`.
-    pub clip_frac_below: f64,
-    /// `0.5 mean (logp - logp_old)^2`.
-    pub approx_kl: f64,
-    /// Mean KL penalty to the reference (adapters off), before `beta`.
-    pub kl: f64,
-    /// Mean policy-gradient loss.
-    pub policy_loss: f64,
+    /// Turning points and the samples kept (see [`CreditStats`]).
+    #[serde(flatten)]
+    pub credit: CreditStats,
+    /// Means over micro-batches and trained steps (see [`LossStats`]).
+    #[serde(flatten)]
+    pub loss: LossStats,
     /// Global gradient norm before clipping, mean over the epoch's optimizer steps.
     pub grad_norm: f64,
     /// Estimate of `|G|^2`, the squared expected gradient, mean over the epoch's optimizer
     /// steps ([`GradientNoise`]; `None` with one micro-batch per step).
-    #[serde(default)]
     pub grad_signal_sq: Option<f64>,
     /// Estimate of `tr(Sigma)`, one sample's gradient variance, likewise.
-    #[serde(default)]
     pub grad_noise_trace: Option<f64>,
     /// Optimizer steps taken so far.
     pub optimizer_steps: u64,
@@ -65,34 +44,6 @@ pub struct EpochMetrics {
     /// Wall-clock seconds of the epoch (rollouts, rewards, update; not evaluation).
     pub seconds: f64,
 }
-
-/// The names of every field a metrics line has.
-pub const FIELDS: [&str; 24] = [
-    "epoch",
-    "objective",
-    "reward_mean",
-    "reward_std",
-    "eval_reward",
-    "turning_points",
-    "turning_points_positive",
-    "turning_points_negative",
-    "turning_point_candidates",
-    "step_reward_change",
-    "samples_used",
-    "samples_dropped",
-    "ratio_mean",
-    "clip_frac_above",
-    "clip_frac_below",
-    "approx_kl",
-    "kl",
-    "policy_loss",
-    "grad_norm",
-    "grad_signal_sq",
-    "grad_noise_trace",
-    "optimizer_steps",
-    "nfe_per_sample",
-    "seconds",
-];
 
 impl EpochMetrics {
     /// This epoch's gradient-noise estimates, when measured.

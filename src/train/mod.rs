@@ -2,17 +2,20 @@
 //! checkpoints, metrics (with the gradient noise scale) and plots.
 
 pub mod checkpoint;
+pub mod collect;
 pub mod config;
 pub mod ema;
+pub mod evaluate;
 pub mod metrics;
 pub mod noise_scale;
 pub mod optim;
 pub mod plot;
 pub mod trainer;
+pub mod update;
 
 pub use config::TrainConfig;
 pub use ema::{Ema, EmaConfig};
-pub use metrics::{noise_scale, EpochMetrics, FIELDS};
+pub use metrics::{noise_scale, EpochMetrics};
 pub use noise_scale::GradientNoise;
 pub use optim::{clip_global_norm, AdamW, AdamWConfig};
-pub use trainer::{Pipeline, Trainer};
+pub use trainer::Trainer;

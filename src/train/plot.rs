@@ -1,54 +1,11 @@
-//! PNG output without a plotting library: image grids and line charts with a 3x5 digit font.
+//! Line charts as PNG without a plotting library, with a 3x5 digit font.
 
 use std::path::Path;
 
 use image::{Rgb, RgbImage};
 
-use crate::error::{Error, Result};
-use crate::reward::Image;
-
-fn save(img: &RgbImage, path: &Path) -> Result<()> {
-    crate::weights::write_atomically(path, |tmp| {
-        img.save_with_format(tmp, image::ImageFormat::Png)
-            .map_err(|e| Error::io(tmp, std::io::Error::other(e.to_string())))
-    })
-}
-
-/// Writes one image as a PNG, atomically.
-pub fn save_png(path: &Path, image: &Image) -> Result<()> {
-    let out = RgbImage::from_raw(image.width as u32, image.height as u32, image.to_u8())
-        .ok_or_else(|| {
-            Error::shape("image", "height x width x 3 bytes", &[image.height, image.width])
-        })?;
-    save(&out, path)
-}
-
-/// Writes `images` as a grid PNG with `cols` columns, each pixel enlarged `scale` times.
-pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Result<()> {
-    let Some(first) = images.first() else {
-        return Err(Error::config("images", "no images to write"));
-    };
-    let (w, h) = (first.width * scale, first.height * scale);
-    let rows = images.len().div_ceil(cols);
-    let gap = 2;
-    let mut out = RgbImage::from_pixel(
-        (cols * (w + gap) + gap) as u32,
-        (rows * (h + gap) + gap) as u32,
-        Rgb([255, 255, 255]),
-    );
-    for (i, im) in images.iter().enumerate() {
-        let (ox, oy) = (gap + (i % cols) * (w + gap), gap + (i / cols) * (h + gap));
-        let bytes = im.to_u8();
-        for y in 0..h {
-            for x in 0..w {
-                let j = 3 * ((y / scale) * im.width + x / scale);
-                let px = Rgb([bytes[j], bytes[j + 1], bytes[j + 2]]);
-                out.put_pixel((ox + x) as u32, (oy + y) as u32, px);
-            }
-        }
-    }
-    save(&out, path)
-}
+use crate::error::Result;
+use crate::image::write_png;
 
 /// 3x5 glyphs of `0-9`, `.` and `-` (bit 2 of each row is the left column).
 fn glyph(c: char) -> [u8; 5] {
@@ -161,5 +118,5 @@ pub fn save_chart(path: &Path, series: &[Series]) -> Result<()> {
             line(&mut img, (px - 2.0, py), (px + 2.0, py), color);
         }
     }
-    save(&img, path)
+    write_png(&img, path)
 }

@@ -1,6 +1,5 @@
-//! The GRPO epoch loop for flow models: prompt groups, rollouts (with ODE completions for
-//! TP-GRPO), rewards, credit and advantages, clipped per-step updates with gradient
-//! accumulation, AdamW, EMA, evaluation, metrics and checkpoints.
+//! The trainer: the epoch loop over the phases (collection, credit, update), evaluation,
+//! metrics, PNGs, checkpoints and resume.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,43 +11,25 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::checkpoint::{self, TrainerState};
+use super::collect::{epoch_prompts, Batch, Collector};
 use super::config::TrainConfig;
 use super::ema::Ema;
+use super::evaluate::Evaluator;
 use super::metrics::{read_metrics, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
-use super::optim::{clip_global_norm, squared_norm, AdamW};
-use super::plot::{save_chart, save_grid, Series};
+use super::optim::AdamW;
+use super::plot::{save_chart, Series};
+use super::update::{optimizer_step, reference_policy, StepGradient, StepLosses, UpdateStats};
 use crate::error::{Error, Result};
-use crate::grpo::{
-    credit_batch, flow_grpo_advantages, informative_samples, kl_penalty, mean_abs_step_rewards,
-    policy_loss, tp_grpo_advantages, Objective,
-};
+use crate::grpo::{assign_credit, EpochCredit, LossStats};
+use crate::image::{save_grid, Image};
 use crate::model::MMDiT;
-use crate::reward::{score_checked, Image, Prompt, Reward};
-use crate::sampler::noise::SplitMix64;
-use crate::sampler::{
-    cps_step, ode_completions, rollout, sde_step, seeded_noise, Conditioning, FlowSchedule,
-    GaussianStep, Guidance, SamplerKind,
-};
-
-/// What the trainer needs from a text-to-image pipeline besides the transformer: prompt
-/// encoding, decoding latents to images, and the latent shape.
-pub trait Pipeline<B: Backend> {
-    /// Prompt conditioning of `texts` (`""` is the unconditional prompt).
-    fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>>;
-    /// Images in `[0, 1]` of latents `[B, C, H, W]`.
-    fn decode(&self, latents: Tensor<B, 4>) -> Result<Vec<Image>>;
-    /// `[C, H, W]` of one latent.
-    fn latent_shape(&self) -> [usize; 3];
-}
-
-/// A 64-bit hash of `(a, b)`: independent seeds for every epoch, sample and purpose.
-pub fn mix(a: u64, b: u64) -> u64 {
-    SplitMix64(a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
-}
+use crate::reward::{Prompt, Reward};
+use crate::rng::{mix, salt, SplitMix64};
+use crate::sampler::TextToImage;
 
 /// The trainer: a LoRA-adapted transformer, its optimizer and EMA, a pipeline and a reward.
-pub struct Trainer<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> {
+pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     /// The settings.
     pub config: TrainConfig,
     /// The policy: the base transformer with trainable adapters.
@@ -71,67 +52,6 @@ pub struct Trainer<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> {
     pub out_dir: PathBuf,
 }
 
-/// One epoch's rollouts: every sample's states, old log-probs, rewards and prompt.
-struct Batch<B: Backend> {
-    /// `states[k]`: `[S, C, H, W]` latent before scheduler step `k` (`k = 0..=N`).
-    states: Vec<Tensor<B, 4>>,
-    /// `old_log_probs[j]`: `[S]` log-prob of trained step `j` under the sampling policy.
-    old_log_probs: Vec<Tensor<B, 1>>,
-    /// `[S][n + 1]` reward sequences (TP-GRPO) or `[S][1]` final rewards.
-    rewards: Vec<Vec<f64>>,
-    /// Index into the epoch's prompts of each sample.
-    prompt_ids: Vec<usize>,
-    /// Conditioning of the epoch's prompts.
-    cond: Conditioning<B>,
-    /// Conditioning of the empty prompt (one row).
-    empty: Conditioning<B>,
-    /// Transformer evaluations, summed over samples.
-    nfe: usize,
-}
-
-/// Turning-point counts and advantages of an epoch.
-#[derive(Default)]
-struct Credit {
-    /// `[sample][trained step]`.
-    advantages: Vec<Vec<f64>>,
-    /// Turning points after balancing.
-    turning_points: usize,
-    /// ... in trajectories with `Delta > 0`.
-    positive: usize,
-    /// ... in trajectories with `Delta < 0`.
-    negative: usize,
-    /// Turning points before balancing.
-    candidates: usize,
-    /// Mean `|d_k|` per trained step (TP-GRPO; empty for Flow-GRPO).
-    step_reward_change: Vec<f64>,
-}
-
-/// Loss statistics of every micro-batch and trained step, and the norm of every optimizer step.
-#[derive(Default)]
-struct UpdateStats {
-    ratio: Vec<f64>,
-    above: Vec<f64>,
-    below: Vec<f64>,
-    approx_kl: Vec<f64>,
-    kl: Vec<f64>,
-    loss: Vec<f64>,
-    grad_norm: Vec<f64>,
-    noise: Vec<GradientNoise>,
-}
-
-/// Adds `grad` to the gradient named `name` in `grads` (inserts it when absent).
-fn add_gradient<B: Backend>(
-    grads: &mut BTreeMap<String, Tensor<B, 2>>,
-    name: String,
-    grad: Tensor<B, 2>,
-) {
-    let sum = match grads.remove(&name) {
-        Some(acc) => acc + grad,
-        None => grad,
-    };
-    grads.insert(name, sum);
-}
-
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
     pb.set_style(
@@ -143,46 +63,15 @@ fn bar(len: usize, what: &str) -> ProgressBar {
     pb
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
+/// Population mean and standard deviation (0, 0 for none).
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
 }
 
-fn select<B: Backend, const D: usize>(t: &Tensor<B, D>, rows: &[usize]) -> Tensor<B, D> {
-    let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &t.device());
-    t.clone().select(0, idx)
-}
-
-fn select_cond<B: Backend>(c: &Conditioning<B>, rows: &[usize]) -> Conditioning<B> {
-    Conditioning { text: select(&c.text, rows), pooled: select(&c.pooled, rows) }
-}
-
-fn lift_cond<B: AutodiffBackend>(c: &Conditioning<B::InnerBackend>) -> Conditioning<B> {
-    Conditioning {
-        text: Tensor::from_inner(c.text.clone()),
-        pooled: Tensor::from_inner(c.pooled.clone()),
-    }
-}
-
-fn gaussian_step<B: Backend>(
-    kind: SamplerKind,
-    x: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-    schedule: &FlowSchedule,
-    k: usize,
-    alpha: f64,
-) -> Result<GaussianStep<B>> {
-    match kind {
-        SamplerKind::Sde => sde_step(x, v, schedule, k, alpha),
-        SamplerKind::Cps => cps_step(x, v, schedule, k, alpha),
-    }
-}
-
-impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
+impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// A trainer for `base` (adapters are attached here, per `config.lora`).
     pub fn new(
         config: TrainConfig,
@@ -224,201 +113,30 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         })
     }
 
-    /// The `P` distinct prompts of epoch `epoch` (a seeded partial shuffle of the training
-    /// prompts).
-    fn epoch_prompts(&self, epoch: usize) -> Vec<Prompt> {
-        let mut rng = SplitMix64(mix(self.config.seed, 0x70_0000 + epoch as u64));
-        let mut idx: Vec<usize> = (0..self.train_prompts.len()).collect();
-        for i in 0..self.config.prompts_per_epoch {
-            let j = rng.range(i, idx.len() - 1);
-            idx.swap(i, j);
-        }
-        idx[..self.config.prompts_per_epoch]
-            .iter()
-            .map(|&i| self.train_prompts[i].clone())
-            .collect()
-    }
-
-    fn encode_prompts(&self, prompts: &[Prompt]) -> Result<Conditioning<B::InnerBackend>> {
-        let texts: Vec<&str> = prompts.iter().map(|p| p.text.as_str()).collect();
-        self.pipeline.encode(&texts)
-    }
-
-    /// The empty prompt's conditioning, encoded once and repeated `batch` times.
-    fn uncond(
-        empty: &Conditioning<B::InnerBackend>,
-        batch: usize,
-    ) -> Conditioning<B::InnerBackend> {
-        select_cond(empty, &vec![0; batch])
-    }
-
-    /// Rollouts of every sample of epoch `epoch` with the current policy, and their rewards.
-    fn sample(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
-        let cfg = &self.config;
-        let policy = self.model.valid();
-        let device = policy.devices()[0].clone();
-        let prompts = self.epoch_prompts(epoch);
-        let cond = self.encode_prompts(&prompts)?;
-        let empty = self.pipeline.encode(&[""])?;
-        let total = cfg.prompts_per_epoch * cfg.group_size;
-        // Each prompt repeated G times, then shuffled: micro-batches mix groups.
-        let mut prompt_ids: Vec<usize> = (0..total).map(|i| i / cfg.group_size).collect();
-        let mut rng = SplitMix64(mix(cfg.seed, 0x5A_0000 + epoch as u64));
-        for i in (1..total).rev() {
-            prompt_ids.swap(i, rng.range(0, i));
-        }
-        let schedule = cfg.rollout.schedule()?;
-        let window = cfg.rollout.window();
-        let shape = self.pipeline.latent_shape();
-        let tp = cfg.objective.objective == Objective::TpGrpo;
-        let mut states: Vec<Vec<Tensor<B::InnerBackend, 4>>> =
-            vec![Vec::new(); schedule.num_steps() + 1];
-        let mut old: Vec<Vec<Tensor<B::InnerBackend, 1>>> = vec![Vec::new(); window.len()];
-        let mut rewards = Vec::with_capacity(total);
-        let mut nfe = 0;
-        pb.set_length(total as u64);
-        pb.set_position(0);
-        for start in (0..total).step_by(cfg.rollout_batch) {
-            let rows: Vec<usize> = (start..(start + cfg.rollout_batch).min(total)).collect();
-            let b = rows.len();
-            let seeds: Vec<u64> =
-                rows.iter().map(|&i| mix(mix(cfg.seed, epoch as u64), i as u64)).collect();
-            let ids: Vec<usize> = rows.iter().map(|&i| prompt_ids[i]).collect();
-            let c = select_cond(&cond, &ids);
-            let u = Self::uncond(&empty, b);
-            let r = rollout(&policy, &cfg.rollout, &seeds, shape, &c, &u, &device)?;
-            nfe += r.nfe * b;
-            let batch_prompts: Vec<Prompt> = ids.iter().map(|&i| prompts[i].clone()).collect();
-            let finals = self.pipeline.decode(r.latents[schedule.num_steps()].clone())?;
-            let final_scores = score_checked(self.reward.as_ref(), &finals, &batch_prompts)?;
-            if tp {
-                // R_ode and R_1..R_{n-1}: ODE completions of the state before each trained step.
-                let mut starts: Vec<(usize, Tensor<B::InnerBackend, 4>)> =
-                    window.clone().map(|k| (k, r.latents[k].clone())).collect();
-                if cfg.objective.fresh_ode_noise {
-                    let fresh: Vec<u64> = seeds.iter().map(|&s| mix(s, 0xF2E5)).collect();
-                    starts[0] = (0, seeded_noise(&fresh, 0, shape, &device));
-                }
-                let (done, extra) =
-                    ode_completions(&policy, &schedule, &starts, &c, &u, cfg.rollout.guidance)?;
-                nfe += extra * b;
-                let mut seq: Vec<Vec<f64>> = vec![Vec::with_capacity(window.len() + 1); b];
-                for latent in done {
-                    let images = self.pipeline.decode(latent)?;
-                    let scores = score_checked(self.reward.as_ref(), &images, &batch_prompts)?;
-                    for (s, v) in seq.iter_mut().zip(scores) {
-                        s.push(v);
-                    }
-                }
-                for (s, v) in seq.iter_mut().zip(&final_scores) {
-                    s.push(*v);
-                }
-                rewards.extend(seq);
-            } else {
-                rewards.extend(final_scores.iter().map(|&v| vec![v]));
-            }
-            for (k, latent) in r.latents.into_iter().enumerate() {
-                states[k].push(latent);
-            }
-            for (j, lp) in r.log_probs.into_iter().enumerate() {
-                old[j].push(lp);
-            }
-            pb.inc(b as u64);
-        }
-        Ok(Batch {
-            states: states.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
-            old_log_probs: old.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
-            rewards,
-            prompt_ids,
-            cond,
-            empty,
-            nfe,
-        })
-    }
-
-    /// Runs one epoch (sampling, credit, optimizer steps) and returns its metrics.
+    /// Runs one epoch: collection, credit, update; returns its metrics (without evaluation).
     pub fn run_epoch(&mut self, pb: &ProgressBar) -> Result<EpochMetrics> {
         let started = Instant::now();
         let epoch = self.epoch + 1;
-        let cfg = self.config.clone();
-        let obj = &cfg.objective;
         pb.set_message("rollouts");
-        let batch = self.sample(epoch, pb)?;
-        let total = batch.rewards.len();
-
-        let finals: Vec<f64> =
-            batch.rewards.iter().map(|r| *r.last().expect("non-empty")).collect();
-        let credit = self.credit(&batch, &finals)?;
-        let keep = informative_samples(&credit.advantages);
-        let mut used: Vec<usize> = (0..total).filter(|&i| keep[i]).collect();
-        let mut rng = SplitMix64(mix(cfg.seed, 0x7A_0000 + epoch as u64));
-        for i in (1..used.len()).rev() {
-            used.swap(i, rng.range(0, i));
-        }
-
-        // The used samples split over the optimizer steps; each step sums the gradients of its
-        // micro-batches over every trained step.
+        let batch = self.collect(epoch, pb)?;
+        let (cfg, total) = (&self.config, batch.rewards.len());
+        let trained_steps = cfg.rollout.window().len();
+        let credit =
+            assign_credit(&batch.rewards, &batch.prompt_ids, &cfg.objective, trained_steps)?;
         pb.set_message("updates");
-        let n = cfg.rollout.window().len();
-        pb.set_length((used.len().div_ceil(cfg.train_batch).max(1) * n) as u64);
-        pb.set_position(0);
-        let mut stats = UpdateStats::default();
-        let chunks = cfg.optimizer_steps_per_epoch.min(used.len().max(1));
-        for chunk in used.chunks(used.len().div_ceil(chunks).max(1)) {
-            let micro: Vec<&[usize]> = chunk.chunks(cfg.train_batch).collect();
-            let scale = 1.0 / (micro.len() * n) as f64;
-            let reference = self.model.valid().adapters_off();
-            // Each micro-batch's share is kept apart first: the norms of the micro-batch means
-            // and of their mean give the gradient noise estimates.
-            let m = micro.len() as f64;
-            let mut grads: BTreeMap<String, Tensor<B::InnerBackend, 2>> = BTreeMap::new();
-            let mut micro_sq = Vec::with_capacity(micro.len());
-            for rows in micro {
-                let mut share = BTreeMap::new();
-                self.accumulate(
-                    &batch,
-                    rows,
-                    &credit.advantages,
-                    &reference,
-                    scale,
-                    &mut share,
-                    &mut stats,
-                    pb,
-                )?;
-                micro_sq.push((rows.len(), m * m * squared_norm(&share)));
-                for (name, g) in share {
-                    add_gradient(&mut grads, name, g);
-                }
-            }
-            let norm = self.optimizer_step(grads)?;
-            stats.noise.extend(GradientNoise::estimate(&micro_sq, norm * norm));
-            stats.grad_norm.push(norm);
-        }
+        let updates = self.update(&batch, &credit, epoch, pb)?;
         self.epoch = epoch;
-
-        let noise = GradientNoise::mean(&stats.noise);
-        let rm = mean(&finals);
-        let var = finals.iter().map(|r| (r - rm).powi(2)).sum::<f64>() / finals.len() as f64;
+        let (reward_mean, reward_std) = mean_std(&batch.rewards.finals());
+        let noise = GradientNoise::mean(&updates.noise);
         Ok(EpochMetrics {
             epoch,
-            objective: obj.objective.name().into(),
-            reward_mean: rm,
-            reward_std: var.sqrt(),
+            objective: self.config.objective.objective.name().into(),
+            reward_mean,
+            reward_std,
             eval_reward: None,
-            turning_points: credit.turning_points,
-            turning_points_positive: credit.positive,
-            turning_points_negative: credit.negative,
-            turning_point_candidates: credit.candidates,
-            step_reward_change: credit.step_reward_change,
-            samples_used: used.len(),
-            samples_dropped: total - used.len(),
-            ratio_mean: mean(&stats.ratio),
-            clip_frac_above: mean(&stats.above),
-            clip_frac_below: mean(&stats.below),
-            approx_kl: mean(&stats.approx_kl),
-            kl: mean(&stats.kl),
-            policy_loss: mean(&stats.loss),
-            grad_norm: mean(&stats.grad_norm),
+            credit: credit.stats,
+            loss: LossStats::mean(&updates.loss),
+            grad_norm: mean_std(&updates.grad_norm).0,
             grad_signal_sq: noise.map(|e| e.signal_sq),
             grad_noise_trace: noise.map(|e| e.noise_trace),
             optimizer_steps: self.optimizer.step,
@@ -427,122 +145,65 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         })
     }
 
-    /// TP-GRPO credit and advantages (or the Flow-GRPO baseline's) of an epoch's samples.
-    fn credit(&self, batch: &Batch<B::InnerBackend>, finals: &[f64]) -> Result<Credit> {
-        let obj = &self.config.objective;
-        let mut out = Credit::default();
-        out.advantages = match obj.objective {
-            Objective::TpGrpo => {
-                let credits = credit_batch(&batch.rewards, obj)?;
-                out.step_reward_change = mean_abs_step_rewards(&credits);
-                for c in &credits {
-                    let count = c.turning_points.iter().filter(|&&t| t).count();
-                    out.turning_points += count;
-                    out.candidates += c.candidate_turning_points.iter().filter(|&&t| t).count();
-                    if c.delta > 0.0 {
-                        out.positive += count;
-                    } else {
-                        out.negative += count;
-                    }
-                }
-                let credited: Vec<Vec<f64>> =
-                    credits.into_iter().map(|c| c.credited_rewards).collect();
-                tp_grpo_advantages(&credited, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
-            }
-            Objective::FlowGrpo => {
-                let n = self.config.rollout.window().len();
-                flow_grpo_advantages(finals, &batch.prompt_ids, obj.std_scope, obj.std_eps)?
-                    .into_iter()
-                    .map(|a| vec![a; n])
-                    .collect()
-            }
+    /// The collection phase: rollouts of epoch `epoch` with the current policy, and rewards.
+    fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
+        let policy = self.model.valid();
+        let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
+        let collector = Collector {
+            config: &self.config,
+            policy: &policy,
+            pipeline: &self.pipeline,
+            reward: self.reward.as_ref(),
         };
-        Ok(out)
+        collector.collect(epoch, &prompts, pb)
     }
 
-    /// Adds to `grads` the gradients of one micro-batch (`rows`) at every trained step:
-    /// policy CFG velocity at the stored `x_k`, log-prob of the stored `x_{k+1}`, clipped
-    /// policy loss plus `kl_beta` times the KL to `reference`, all scaled by `scale`.
-    #[allow(clippy::too_many_arguments)]
-    fn accumulate(
-        &self,
-        batch: &Batch<B::InnerBackend>,
-        rows: &[usize],
-        advantages: &[Vec<f64>],
-        reference: &MMDiT<B::InnerBackend>,
-        scale: f64,
-        grads: &mut BTreeMap<String, Tensor<B::InnerBackend, 2>>,
-        stats: &mut UpdateStats,
-        pb: &ProgressBar,
-    ) -> Result<()> {
-        let cfg = &self.config;
-        let (obj, ro) = (&cfg.objective, &cfg.rollout);
-        let schedule = ro.schedule()?;
-        let device = self.model.devices()[0].clone();
-        let b = rows.len();
-        let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
-        let c_inner = select_cond(&batch.cond, &ids);
-        let u_inner = Self::uncond(&batch.empty, b);
-        let guide =
-            Guidance::new(&lift_cond::<B>(&c_inner), &lift_cond::<B>(&u_inner), ro.guidance, b, 1)?;
-        let guide_ref = Guidance::new(&c_inner, &u_inner, ro.guidance, b, 1)?;
-        for (j, k) in ro.window().enumerate() {
-            let x_inner = select(&batch.states[k], rows);
-            let x_next = Tensor::<B, 4>::from_inner(select(&batch.states[k + 1], rows));
-            let old = Tensor::<B, 1>::from_inner(select(&batch.old_log_probs[j], rows));
-            let adv: Vec<f32> = rows.iter().map(|&i| advantages[i][j] as f32).collect();
-            let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
-            let sigma = schedule.sigmas[k] * 1000.0;
-            let x = Tensor::<B, 4>::from_inner(x_inner.clone());
-            let v = guide.velocity(&self.model, x.clone(), Tensor::full([b], sigma, &device))?;
-            let step = gaussian_step(ro.sampler, x, v, &schedule, k, ro.noise_level)?;
-            let (pg, s) =
-                policy_loss(step.log_prob(x_next)?, old, adv, obj.clip_range, obj.adv_clip_max);
-            let mut loss = pg.clone();
-            if obj.kl_beta > 0.0 {
-                let t_ref = Tensor::full([b], sigma, &x_inner.device());
-                let v_ref = guide_ref.velocity(reference, x_inner.clone(), t_ref)?;
-                let ref_step =
-                    gaussian_step(ro.sampler, x_inner, v_ref, &schedule, k, ro.noise_level)?;
-                let std = Tensor::full([b], step.std, &device);
-                let kl = kl_penalty(step.mean.clone(), Tensor::from_inner(ref_step.mean), std);
-                stats.kl.push(kl.clone().into_scalar().elem::<f64>());
-                loss = loss + kl * obj.kl_beta;
-            }
-            stats.loss.push(pg.into_scalar().elem::<f64>());
-            stats.ratio.push(s.ratio_mean);
-            stats.above.push(s.clip_frac_above);
-            stats.below.push(s.clip_frac_below);
-            stats.approx_kl.push(s.approx_kl);
-            let g = (loss * scale).backward();
-            for (name, t) in self.model.lora_tensors() {
-                if let Some(grad) = t.grad(&g) {
-                    add_gradient(grads, name, grad);
-                }
-            }
-            pb.inc(1);
-        }
-        Ok(())
-    }
-
-    /// Clips the summed gradients to the global norm, takes an AdamW step, writes the new
-    /// factors into the model and updates the EMA; returns the norm before clipping.
-    fn optimizer_step(
+    /// The update phase: the informative samples, in a seeded order, split evenly over
+    /// `optimizer_steps_per_epoch` steps; each step sums its micro-batches' gradients over
+    /// every trained step, then clips, steps AdamW and updates the EMA.
+    fn update(
         &mut self,
-        mut grads: BTreeMap<String, Tensor<B::InnerBackend, 2>>,
-    ) -> Result<f64> {
-        let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
-            self.model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
-        // Factors with no gradient path (the last block's text queries) get zeros.
-        for (name, p) in &params {
-            grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
+        batch: &Batch<B::InnerBackend>,
+        credit: &EpochCredit,
+        epoch: usize,
+        pb: &ProgressBar,
+    ) -> Result<UpdateStats> {
+        let cfg = self.config.clone();
+        let mut order = credit.informative.clone();
+        SplitMix64(mix(cfg.seed, salt::UPDATE_ORDER + epoch as u64)).shuffle(&mut order);
+        let n = cfg.rollout.window().len();
+        pb.set_length((order.len().div_ceil(cfg.train_batch).max(1) * n) as u64);
+        pb.set_position(0);
+        let losses = StepLosses::<B> {
+            config: &cfg,
+            batch,
+            advantages: &credit.advantages,
+            reference: reference_policy(&self.model),
+            schedule: cfg.rollout.schedule()?,
+        };
+        let mut stats = UpdateStats::default();
+        let steps = cfg.optimizer_steps_per_epoch.min(order.len().max(1));
+        for chunk in order.chunks(order.len().div_ceil(steps).max(1)) {
+            let micro: Vec<&[usize]> = chunk.chunks(cfg.train_batch).collect();
+            let scale = 1.0 / (micro.len() * n) as f64;
+            let mut step = StepGradient::new(micro.len());
+            for rows in micro {
+                let (share, loss) = losses.gradients(&self.model, rows, scale, pb)?;
+                step.add(rows.len(), share);
+                stats.loss.extend(loss);
+            }
+            let (model, norm) = optimizer_step(
+                self.model.clone(),
+                &mut self.optimizer,
+                &mut self.ema,
+                step.grads,
+                cfg.max_grad_norm,
+            )?;
+            self.model = model;
+            stats.noise.extend(GradientNoise::estimate(&step.micro_sq, norm * norm));
+            stats.grad_norm.push(norm);
         }
-        let norm = clip_global_norm(&mut grads, self.config.max_grad_norm);
-        let updated = self.optimizer.step(params, &grads)?;
-        self.ema.update(self.optimizer.step, &updated)?;
-        let lifted = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
-        self.model = self.model.clone().with_lora_tensors(lifted)?;
-        Ok(norm)
+        Ok(stats)
     }
 
     /// The policy with the EMA adapters, on the inner backend.
@@ -550,49 +211,22 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         self.model.valid().with_lora_tensors(self.ema.tensors.clone())
     }
 
-    /// Mean reward of `config.eval_steps`-step ODE samples (CFG, EMA weights,
-    /// `eval_images_per_prompt` fixed seeds per prompt) on the held-out prompts, and the first
-    /// image of each prompt.
+    /// Mean held-out reward with the EMA adapters (`eval_prompts` of the held-out prompts,
+    /// 0: all; see [`Evaluator::evaluate`]) and the first image of each prompt.
     pub fn evaluate(&self) -> Result<(f64, Vec<Image>)> {
         let cfg = &self.config;
         let model = self.ema_model()?;
-        let device = model.devices()[0].clone();
-        let count = if cfg.eval_prompts == 0 {
-            self.eval_prompts.len()
-        } else {
-            cfg.eval_prompts.min(self.eval_prompts.len())
+        let count = match cfg.eval_prompts {
+            0 => self.eval_prompts.len(),
+            n => n.min(self.eval_prompts.len()),
         };
-        let empty = self.pipeline.encode(&[""])?;
-        let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
-        let shape = self.pipeline.latent_shape();
-        let chunk_size = cfg.rollout_batch * 4;
-        let (mut scores, mut images) = (Vec::new(), Vec::new());
-        for (c, chunk) in self.eval_prompts[..count].chunks(chunk_size).enumerate() {
-            // Each chunk is encoded once and sampled with every image's seed: image `j` of
-            // prompt `i` has the seed of item `j * count + i`.
-            let cond = self.encode_prompts(chunk)?;
-            let uncond = Self::uncond(&empty, chunk.len());
-            for j in 0..cfg.eval_images_per_prompt {
-                let seeds: Vec<u64> = (0..chunk.len())
-                    .map(|i| mix(cfg.seed ^ 0xE7A1, (j * count + c * chunk_size + i) as u64))
-                    .collect();
-                let noise = seeded_noise(&seeds, 0, shape, &device);
-                let (out, _) = ode_completions(
-                    &model,
-                    &schedule,
-                    &[(0, noise)],
-                    &cond,
-                    &uncond,
-                    cfg.rollout.guidance,
-                )?;
-                let imgs = self.pipeline.decode(out[0].clone())?;
-                scores.extend(score_checked(self.reward.as_ref(), &imgs, chunk)?);
-                if j == 0 {
-                    images.extend(imgs);
-                }
-            }
-        }
-        Ok((mean(&scores), images))
+        let evaluator = Evaluator {
+            config: cfg,
+            model: &model,
+            pipeline: &self.pipeline,
+            reward: self.reward.as_ref(),
+        };
+        evaluator.evaluate(&self.eval_prompts[..count])
     }
 
     /// Writes a checkpoint of the current state (see [`checkpoint`]) and returns its folder.
@@ -667,7 +301,11 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
         if self.epoch == 0 && cfg.eval_every > 0 {
             let (r, images) = self.evaluate()?;
             self.save_samples(0, &images)?;
-            let start = EpochMetrics { eval_reward: Some(r), ..EpochMetrics::empty(0, &cfg) };
+            let start = EpochMetrics {
+                objective: cfg.objective.objective.name().into(),
+                eval_reward: Some(r),
+                ..EpochMetrics::default()
+            };
             on_epoch(&start);
             history = vec![start];
             write_metrics(&metrics_path, &history)?;
@@ -720,38 +358,5 @@ impl<B: AutodiffBackend, P: Pipeline<B::InnerBackend>> Trainer<B, P> {
                 Series { color: [220, 80, 40], points: eval },
             ],
         )
-    }
-}
-
-impl EpochMetrics {
-    /// A line with nothing measured yet (epoch 0: the evaluation before training; its
-    /// training fields are zero).
-    pub fn empty(epoch: usize, config: &TrainConfig) -> Self {
-        EpochMetrics {
-            epoch,
-            objective: config.objective.objective.name().into(),
-            reward_mean: 0.0,
-            reward_std: 0.0,
-            eval_reward: None,
-            turning_points: 0,
-            turning_points_positive: 0,
-            turning_points_negative: 0,
-            turning_point_candidates: 0,
-            step_reward_change: Vec::new(),
-            samples_used: 0,
-            samples_dropped: 0,
-            ratio_mean: 0.0,
-            clip_frac_above: 0.0,
-            clip_frac_below: 0.0,
-            approx_kl: 0.0,
-            kl: 0.0,
-            policy_loss: 0.0,
-            grad_norm: 0.0,
-            grad_signal_sq: None,
-            grad_noise_trace: None,
-            optimizer_steps: 0,
-            nfe_per_sample: 0.0,
-            seconds: 0.0,
-        }
     }
 }

@@ -95,7 +95,7 @@ pub struct ParamSlot {
     pub path: String,
     /// Shape in Burn's layout.
     pub shape: Vec<usize>,
-    /// Whether the parameter is the `weight` of a `burn::nn::Linear` or a [`crate::model::lora::LoraLinear`].
+    /// Whether the parameter is the `weight` of a `burn::nn::Linear` or a [`crate::model::LoraLinear`].
     pub linear_weight: bool,
 }
 

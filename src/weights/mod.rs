@@ -12,6 +12,9 @@ pub use save::{save_safetensors, save_safetensors_with_metadata, write_atomicall
 
 use std::path::Path;
 
+use burn::module::Module;
+use burn::prelude::Backend;
+
 use crate::error::{Error, Result};
 
 /// Reads a model's `config.json` into `T`, ignoring fields `T` does not have; errors name the
@@ -29,4 +32,22 @@ pub fn torch_param_name(path: &str) -> String {
         Some((module, "beta")) => format!("{module}.bias"),
         _ => path.to_string(),
     }
+}
+
+/// Loads a transformers / diffusers model folder: `config.json` read into `C`, the module
+/// built by `init` (an invalid configuration is reported against `config.json`), then
+/// `{stem}.safetensors` or its shards applied through `plan` and `owns` (see [`apply_plan`]).
+pub fn load_folder<B: Backend, C: serde::de::DeserializeOwned, M: Module<B>>(
+    dir: &Path,
+    stem: &str,
+    init: impl FnOnce(&C) -> Result<M>,
+    plan: impl Fn(&str) -> Source,
+    owns: impl Fn(&str) -> bool,
+) -> Result<M> {
+    let config_path = dir.join("config.json");
+    let config: C = read_config(&config_path)?;
+    let mut module = init(&config).map_err(|e| Error::format(&config_path, e.to_string()))?;
+    let files = WeightFiles::open_dir(dir, stem)?;
+    apply_plan(&mut module, &files, dir, plan, owns)?;
+    Ok(module)
 }

@@ -83,7 +83,7 @@ pub fn tiny_config() -> tpgrpo::model::MMDiTConfig {
 /// Deterministic pseudo-random tensor of `shape` (host noise, seed `seed`).
 pub fn noise<BB: Backend, const D: usize>(seed: u64, shape: [usize; D]) -> Tensor<BB, D> {
     let count = shape.iter().product();
-    let values = tpgrpo::sampler::noise::gaussian(seed, 0, count);
+    let values = tpgrpo::rng::gaussian(seed, 0, count);
     Tensor::from_data(TensorData::new(values, shape), &Default::default())
 }
 
@@ -97,12 +97,37 @@ impl tpgrpo::reward::Reward for Brightness {
     }
     fn score(
         &self,
-        images: &[tpgrpo::reward::Image],
+        images: &[tpgrpo::image::Image],
         _: &[tpgrpo::reward::Prompt],
     ) -> tpgrpo::Result<Vec<f64>> {
         Ok(images
             .iter()
             .map(|im| im.pixels.iter().map(|&v| v as f64).sum::<f64>() / im.pixels.len() as f64)
             .collect())
+    }
+}
+
+/// A reward that records every batch it scores (the scores, in call order) and scores as
+/// `inner` does.
+#[allow(dead_code)]
+pub struct Recording<R> {
+    /// The scorer.
+    pub inner: R,
+    /// Every call's scores, in order.
+    pub calls: std::sync::Arc<std::sync::Mutex<Vec<Vec<f64>>>>,
+}
+
+impl<R: tpgrpo::reward::Reward> tpgrpo::reward::Reward for Recording<R> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn score(
+        &self,
+        images: &[tpgrpo::image::Image],
+        prompts: &[tpgrpo::reward::Prompt],
+    ) -> tpgrpo::Result<Vec<f64>> {
+        let scores = self.inner.score(images, prompts)?;
+        self.calls.lock().unwrap().push(scores.clone());
+        Ok(scores)
     }
 }

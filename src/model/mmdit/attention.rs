@@ -1,27 +1,13 @@
 //! Joint attention over `[image; text]` tokens, and the image-only self-attention of SD3.5's
 //! dual-attention blocks, with optional per-head RMS query/key normalisation.
 
+use crate::model::attention::{attend, merge_heads, split_heads, Scores};
+use crate::model::lora_linear::LoraLinear;
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
-
-use crate::model::lora::LoraLinear;
 
 /// Epsilon of the per-head RMSNorm on queries and keys.
 pub const QK_NORM_EPS: f64 = 1e-6;
-
-/// Splits `[B, N, H*Dh]` into heads `[B, H, N, Dh]`.
-fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
-    let [b, n, d] = x.dims();
-    x.reshape([b, n, heads, d / heads]).swap_dims(1, 2)
-}
-
-/// Merges heads `[B, H, N, Dh]` back into `[B, N, H*Dh]`.
-fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
-    let [b, h, n, dh] = x.dims();
-    x.swap_dims(1, 2).reshape([b, n, h * dh])
-}
 
 /// Projects `x` to heads and applies the optional per-head RMSNorm.
 fn project<B: Backend>(
@@ -35,11 +21,6 @@ fn project<B: Backend>(
         Some(norm) => norm.forward(h),
         None => h,
     }
-}
-
-/// Scaled dot-product attention `softmax(q k^T / sqrt(Dh)) v` without mask.
-fn sdpa<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
-    attention(q, k, v, None, None, AttentionModuleOptions::default())
 }
 
 fn qk_norm<B: Backend>(enabled: bool, head_dim: usize, device: &B::Device) -> Option<RmsNorm<B>> {
@@ -133,12 +114,29 @@ impl<B: Backend> JointAttention<B> {
             vec![project(x, &self.to_v, &None, h), project(c, &self.add_v_proj, &None, h)],
             2,
         );
-        let out = merge_heads(sdpa(q, k, v));
+        let out = merge_heads(attend(q, k, v, None, Scores::default()));
         let [b, total, d] = out.dims();
         let image = self.to_out.forward(out.clone().slice([0..b, 0..n, 0..d]));
         let text =
             self.to_add_out.as_ref().map(|proj| proj.forward(out.slice([0..b, n..total, 0..d])));
         (image, text)
+    }
+
+    /// The adaptable projections with their diffusers module names.
+    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+        let mut out: Vec<(&'static str, &mut LoraLinear<B>)> = vec![
+            ("to_q", &mut self.to_q),
+            ("to_k", &mut self.to_k),
+            ("to_v", &mut self.to_v),
+            ("to_out.0", &mut self.to_out),
+            ("add_q_proj", &mut self.add_q_proj),
+            ("add_k_proj", &mut self.add_k_proj),
+            ("add_v_proj", &mut self.add_v_proj),
+        ];
+        if let Some(p) = self.to_add_out.as_mut() {
+            out.push(("to_add_out", p));
+        }
+        out
     }
 }
 
@@ -182,6 +180,16 @@ impl<B: Backend> SelfAttention<B> {
         let q = project(x.clone(), &self.to_q, &self.norm_q, h);
         let k = project(x.clone(), &self.to_k, &self.norm_k, h);
         let v = project(x, &self.to_v, &None, h);
-        self.to_out.forward(merge_heads(sdpa(q, k, v)))
+        self.to_out.forward(merge_heads(attend(q, k, v, None, Scores::default())))
+    }
+
+    /// The adaptable projections with their diffusers module names.
+    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+        vec![
+            ("to_q", &mut self.to_q),
+            ("to_k", &mut self.to_k),
+            ("to_v", &mut self.to_v),
+            ("to_out.0", &mut self.to_out),
+        ]
     }
 }

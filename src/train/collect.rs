@@ -1,0 +1,177 @@
+//! The collection phase of an epoch: the epoch's prompts and sample order, rollouts with the
+//! sampling policy, ODE completions of the trained steps' states (TP-GRPO), decoding and
+//! rewards, gathered into a [`Batch`] whose reward rows say which objective they serve.
+
+use burn::prelude::*;
+use indicatif::ProgressBar;
+
+use super::config::TrainConfig;
+use crate::error::Result;
+use crate::grpo::{Objective, RewardRows};
+use crate::model::MMDiT;
+use crate::reward::{score_checked, Prompt, Reward};
+use crate::rng::{mix, salt, SplitMix64};
+use crate::sampler::{ode_completions, rollout, seeded_noise, Conditioning, Rollout, TextToImage};
+
+/// One epoch's rollouts: every sample's states, old log-probs, rewards and prompt.
+pub struct Batch<B: Backend> {
+    /// `states[k]`: `[S, C, H, W]` latent before scheduler step `k` (`k = 0..=N`).
+    pub states: Vec<Tensor<B, 4>>,
+    /// `old_log_probs[j]`: `[S]` log-prob of trained step `j` under the sampling policy.
+    pub old_log_probs: Vec<Tensor<B, 1>>,
+    /// The rewards, shaped by the objective.
+    pub rewards: RewardRows,
+    /// Index into the epoch's prompts of each sample.
+    pub prompt_ids: Vec<usize>,
+    /// Conditioning of the epoch's prompts.
+    pub cond: Conditioning<B>,
+    /// Conditioning of the empty prompt (one row).
+    pub empty: Conditioning<B>,
+    /// Transformer evaluations, summed over samples.
+    pub nfe: usize,
+}
+
+/// The `P` distinct prompts of epoch `epoch`: the first `P` of a seeded shuffle of the
+/// training prompts.
+pub fn epoch_prompts(train: &[Prompt], config: &TrainConfig, epoch: usize) -> Vec<Prompt> {
+    let mut rng = SplitMix64(mix(config.seed, salt::EPOCH_PROMPTS + epoch as u64));
+    let mut idx: Vec<usize> = (0..train.len()).collect();
+    rng.shuffle(&mut idx);
+    idx[..config.prompts_per_epoch].iter().map(|&i| train[i].clone()).collect()
+}
+
+/// The prompt of every sample of epoch `epoch`: each of the `P` prompts `G` times, shuffled
+/// so that rollout and training micro-batches mix groups.
+pub fn sample_order(config: &TrainConfig, epoch: usize) -> Vec<usize> {
+    let total = config.prompts_per_epoch * config.group_size;
+    let mut ids: Vec<usize> = (0..total).map(|i| i / config.group_size).collect();
+    SplitMix64(mix(config.seed, salt::SAMPLE_ORDER + epoch as u64)).shuffle(&mut ids);
+    ids
+}
+
+/// What collection reads: the settings, the sampling policy, the pipeline and the reward.
+pub struct Collector<'a, B: Backend, P: TextToImage<B>> {
+    /// The settings.
+    pub config: &'a TrainConfig,
+    /// The sampling policy (the adapted transformer on the inner backend).
+    pub policy: &'a MMDiT<B>,
+    /// Encoders and decoder.
+    pub pipeline: &'a P,
+    /// The reward.
+    pub reward: &'a dyn Reward,
+}
+
+/// One rollout chunk's samples: their seeds, prompts and guidance conditioning.
+struct Chunk<B: Backend> {
+    seeds: Vec<u64>,
+    prompts: Vec<Prompt>,
+    cond: Conditioning<B>,
+    uncond: Conditioning<B>,
+}
+
+impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
+    /// Rollouts of every sample of epoch `epoch` on `prompts`, in chunks of `rollout_batch`,
+    /// and their rewards.
+    pub fn collect(&self, epoch: usize, prompts: &[Prompt], pb: &ProgressBar) -> Result<Batch<B>> {
+        let cfg = self.config;
+        let texts: Vec<&str> = prompts.iter().map(|p| p.text.as_str()).collect();
+        let (cond, empty) = (self.pipeline.encode(&texts)?, self.pipeline.encode(&[""])?);
+        let prompt_ids = sample_order(cfg, epoch);
+        let total = prompt_ids.len();
+        let mut states: Vec<Vec<Tensor<B, 4>>> = vec![Vec::new(); cfg.rollout.num_steps + 1];
+        let mut old: Vec<Vec<Tensor<B, 1>>> = vec![Vec::new(); cfg.rollout.window().len()];
+        let mut rewards = RewardRows::empty(cfg.objective.objective);
+        let mut nfe = 0;
+        pb.set_length(total as u64);
+        pb.set_position(0);
+        for start in (0..total).step_by(cfg.rollout_batch) {
+            let rows: Vec<usize> = (start..(start + cfg.rollout_batch).min(total)).collect();
+            let ids: Vec<usize> = rows.iter().map(|&i| prompt_ids[i]).collect();
+            let chunk = Chunk {
+                seeds: rows.iter().map(|&i| mix(mix(cfg.seed, epoch as u64), i as u64)).collect(),
+                prompts: ids.iter().map(|&i| prompts[i].clone()).collect(),
+                cond: cond.select(&ids),
+                uncond: empty.select(&vec![0; rows.len()]),
+            };
+            let (r, chunk_rewards, chunk_nfe) = self.sample_chunk(&chunk)?;
+            rewards.extend(chunk_rewards)?;
+            nfe += chunk_nfe;
+            for (k, latent) in r.latents.into_iter().enumerate() {
+                states[k].push(latent);
+            }
+            for (j, lp) in r.log_probs.into_iter().enumerate() {
+                old[j].push(lp);
+            }
+            pb.inc(rows.len() as u64);
+        }
+        Ok(Batch {
+            states: states.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
+            old_log_probs: old.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
+            rewards,
+            prompt_ids,
+            cond,
+            empty,
+            nfe,
+        })
+    }
+
+    /// One chunk's rollout, its reward rows and its transformer evaluations (summed over
+    /// samples).
+    fn sample_chunk(&self, chunk: &Chunk<B>) -> Result<(Rollout<B>, RewardRows, usize)> {
+        let cfg = self.config;
+        let device = self.policy.devices()[0].clone();
+        let shape = self.pipeline.latent_shape();
+        let (c, u) = (&chunk.cond, &chunk.uncond);
+        let r = rollout(self.policy, &cfg.rollout, &chunk.seeds, shape, c, u, &device)?;
+        let b = chunk.seeds.len();
+        let finals = self.score(r.latents[cfg.rollout.num_steps].clone(), &chunk.prompts)?;
+        let mut nfe = r.nfe * b;
+        let rows = match cfg.objective.objective {
+            Objective::FlowGrpo => RewardRows::Finals(finals),
+            Objective::TpGrpo => {
+                let (mut seqs, extra) = self.completion_rewards(&r, chunk)?;
+                nfe += extra * b;
+                for (s, v) in seqs.iter_mut().zip(finals) {
+                    s.push(v);
+                }
+                RewardRows::Sequences(seqs)
+            }
+        };
+        Ok((r, rows, nfe))
+    }
+
+    /// `[R_ode, R_1, .., R_{n-1}]` of each sample: rewards of the ODE completions of the state
+    /// before each trained step (the pure-ODE sample from fresh noise with `fresh_ode_noise`),
+    /// and the completions' evaluations per sample.
+    fn completion_rewards(
+        &self,
+        r: &Rollout<B>,
+        chunk: &Chunk<B>,
+    ) -> Result<(Vec<Vec<f64>>, usize)> {
+        let cfg = self.config;
+        let window = cfg.rollout.window();
+        let mut starts: Vec<(usize, Tensor<B, 4>)> =
+            window.clone().map(|k| (k, r.latents[k].clone())).collect();
+        if cfg.objective.fresh_ode_noise {
+            let fresh: Vec<u64> =
+                chunk.seeds.iter().map(|&s| mix(s, salt::FRESH_ODE_NOISE)).collect();
+            let device = r.latents[0].device();
+            starts[0] = (0, seeded_noise(&fresh, 0, self.pipeline.latent_shape(), &device));
+        }
+        let (c, u, g) = (&chunk.cond, &chunk.uncond, cfg.rollout.guidance);
+        let (done, extra) = ode_completions(self.policy, &r.schedule, &starts, c, u, g)?;
+        let mut seqs: Vec<Vec<f64>> = vec![Vec::with_capacity(window.len() + 1); chunk.seeds.len()];
+        for latent in done {
+            for (s, v) in seqs.iter_mut().zip(self.score(latent, &chunk.prompts)?) {
+                s.push(v);
+            }
+        }
+        Ok((seqs, extra))
+    }
+
+    /// Decodes latents and scores the images against their prompts.
+    fn score(&self, latents: Tensor<B, 4>, prompts: &[Prompt]) -> Result<Vec<f64>> {
+        let images = self.pipeline.decode(latents)?;
+        score_checked(self.reward, &images, prompts)
+    }
+}

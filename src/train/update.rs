@@ -1,0 +1,185 @@
+//! The update phase of an epoch: the clipped per-step loss with CFG and the KL penalty,
+//! gradients summed over micro-batches and trained steps, global-norm clipping, AdamW on the
+//! adapter factors and the EMA.
+
+use std::collections::BTreeMap;
+
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::ProgressBar;
+
+use super::collect::Batch;
+use super::config::TrainConfig;
+use super::ema::Ema;
+use super::noise_scale::GradientNoise;
+use super::optim::{clip_global_norm, squared_norm, AdamW};
+use crate::error::Result;
+use crate::grpo::{kl_penalty, policy_loss, LossStats};
+use crate::model::MMDiT;
+use crate::sampler::guidance::select_rows;
+use crate::sampler::{Conditioning, FlowSchedule, Guidance};
+
+/// Gradients of the adapter factors by name.
+pub type Gradients<B> = BTreeMap<String, Tensor<B, 2>>;
+
+/// What an epoch's optimizer steps measured.
+#[derive(Default)]
+pub struct UpdateStats {
+    /// One entry per micro-batch and trained step.
+    pub loss: Vec<LossStats>,
+    /// The global gradient norm before clipping, per optimizer step.
+    pub grad_norm: Vec<f64>,
+    /// Gradient-noise estimates of the optimizer steps with two or more micro-batches.
+    pub noise: Vec<GradientNoise>,
+}
+
+/// Adds `grad` to the gradient named `name` in `grads` (inserts it when absent).
+pub fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Tensor<B, 2>) {
+    let sum = match grads.remove(&name) {
+        Some(acc) => acc + grad,
+        None => grad,
+    };
+    grads.insert(name, sum);
+}
+
+fn lift<B: AutodiffBackend>(c: &Conditioning<B::InnerBackend>) -> Conditioning<B> {
+    Conditioning {
+        text: Tensor::from_inner(c.text.clone()),
+        pooled: Tensor::from_inner(c.pooled.clone()),
+    }
+}
+
+/// The per-step losses of an epoch's batch: what every micro-batch's loss reads.
+pub struct StepLosses<'a, B: AutodiffBackend> {
+    /// The settings.
+    pub config: &'a TrainConfig,
+    /// The collected batch.
+    pub batch: &'a Batch<B::InnerBackend>,
+    /// `[sample][trained step]` advantages.
+    pub advantages: &'a [Vec<f64>],
+    /// The reference policy of the KL term (adapters off).
+    pub reference: MMDiT<B::InnerBackend>,
+    /// The rollouts' schedule.
+    pub schedule: FlowSchedule,
+}
+
+impl<B: AutodiffBackend> StepLosses<'_, B> {
+    /// The gradients of one micro-batch (`rows`) summed over every trained step, each step's
+    /// loss scaled by `scale`, and the loss statistics of each step.
+    pub fn gradients(
+        &self,
+        model: &MMDiT<B>,
+        rows: &[usize],
+        scale: f64,
+        pb: &ProgressBar,
+    ) -> Result<(Gradients<B::InnerBackend>, Vec<LossStats>)> {
+        let (mut grads, mut stats) = (Gradients::new(), Vec::new());
+        for (j, k) in self.config.rollout.window().enumerate() {
+            let (loss, s) = self.step_loss(model, rows, j, k)?;
+            let g = (loss * scale).backward();
+            for (name, t) in model.lora_tensors() {
+                if let Some(grad) = t.grad(&g) {
+                    add_gradient(&mut grads, name, grad);
+                }
+            }
+            stats.push(s);
+            pb.inc(1);
+        }
+        Ok((grads, stats))
+    }
+
+    /// The loss of trained step `j` (scheduler step `k`) on `rows`: the policy's CFG velocity
+    /// at the stored `x_k`, the log-prob of the stored `x_{k+1}`, the clipped policy loss, plus
+    /// `kl_beta` times the KL to the reference policy's step.
+    fn step_loss(
+        &self,
+        model: &MMDiT<B>,
+        rows: &[usize],
+        j: usize,
+        k: usize,
+    ) -> Result<(Tensor<B, 1>, LossStats)> {
+        let (cfg, batch, b) = (self.config, self.batch, rows.len());
+        let (obj, ro) = (&cfg.objective, &cfg.rollout);
+        let device = model.devices()[0].clone();
+        let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
+        let (c, u) = (batch.cond.select(&ids), batch.empty.select(&vec![0; b]));
+        let x_inner = select_rows(&batch.states[k], rows);
+        let x_next = Tensor::<B, 4>::from_inner(select_rows(&batch.states[k + 1], rows));
+        let old = Tensor::<B, 1>::from_inner(select_rows(&batch.old_log_probs[j], rows));
+        let adv: Vec<f32> = rows.iter().map(|&i| self.advantages[i][j] as f32).collect();
+        let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
+        let sigma = self.schedule.sigmas[k] * 1000.0;
+        let x = Tensor::<B, 4>::from_inner(x_inner.clone());
+        let guide = Guidance::new(&lift::<B>(&c), &lift::<B>(&u), ro.guidance, b, 1)?;
+        let v = guide.velocity(model, x.clone(), Tensor::full([b], sigma, &device))?;
+        let step = ro.sampler.step(x, v, &self.schedule, k, ro.noise_level)?;
+        let (pg, mut stats) =
+            policy_loss(step.log_prob(x_next)?, old, adv, obj.clip_range, obj.adv_clip_max);
+        if obj.kl_beta == 0.0 {
+            return Ok((pg, stats));
+        }
+        let guide_ref = Guidance::new(&c, &u, ro.guidance, b, 1)?;
+        let t_ref = Tensor::full([b], sigma, &x_inner.device());
+        let v_ref = guide_ref.velocity(&self.reference, x_inner.clone(), t_ref)?;
+        let ref_step = ro.sampler.step(x_inner, v_ref, &self.schedule, k, ro.noise_level)?;
+        let std = Tensor::full([b], step.std, &device);
+        let kl = kl_penalty(step.mean, Tensor::from_inner(ref_step.mean), std);
+        stats.kl = kl.clone().into_scalar().elem::<f64>();
+        Ok((pg + kl * obj.kl_beta, stats))
+    }
+}
+
+/// One optimizer step's gradient, summed micro-batch by micro-batch, with the squared norms
+/// of the micro-batch means that the gradient-noise estimate needs.
+pub struct StepGradient<B: Backend> {
+    /// The sum of the shares added so far.
+    pub grads: Gradients<B>,
+    /// `(rows, |micro-batch mean gradient|^2)` per micro-batch.
+    pub micro_sq: Vec<(usize, f64)>,
+    micro_batches: usize,
+}
+
+impl<B: Backend> StepGradient<B> {
+    /// An empty gradient of a step of `micro_batches` micro-batches.
+    pub fn new(micro_batches: usize) -> Self {
+        StepGradient { grads: Gradients::new(), micro_sq: Vec::new(), micro_batches }
+    }
+
+    /// Adds a micro-batch of `rows` samples whose `share` is its mean gradient divided by the
+    /// number of micro-batches (so `m^2 |share|^2` is the squared norm of its mean).
+    pub fn add(&mut self, rows: usize, share: Gradients<B>) {
+        let m = self.micro_batches as f64;
+        self.micro_sq.push((rows, m * m * squared_norm(&share)));
+        for (name, g) in share {
+            add_gradient(&mut self.grads, name, g);
+        }
+    }
+}
+
+/// Clips `grads` to the global norm `max_norm`, takes an AdamW step on `model`'s adapter
+/// factors, updates the EMA and returns the updated model and the norm before clipping.
+/// Factors without a gradient path (the last block's text queries) get zero gradients.
+pub fn optimizer_step<B: AutodiffBackend>(
+    model: MMDiT<B>,
+    optimizer: &mut AdamW<B::InnerBackend>,
+    ema: &mut Ema<B::InnerBackend>,
+    mut grads: Gradients<B::InnerBackend>,
+    max_norm: f64,
+) -> Result<(MMDiT<B>, f64)> {
+    let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
+        model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
+    for (name, p) in &params {
+        grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
+    }
+    let norm = clip_global_norm(&mut grads, max_norm);
+    let updated = optimizer.step(params, &grads)?;
+    ema.update(optimizer.step, &updated)?;
+    let lifted = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
+    Ok((model.with_lora_tensors(lifted)?, norm))
+}
+
+/// The reference policy of the KL term: `model` with its adapters off, on the inner backend.
+pub fn reference_policy<B: AutodiffBackend>(model: &MMDiT<B>) -> MMDiT<B::InnerBackend> {
+    model.valid().adapters_off()
+}
