@@ -14,7 +14,7 @@ use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::toy::{self, ToyScorer};
-use tpgrpo::train::{noise_scale, EpochMetrics, TrainConfig, Trainer};
+use tpgrpo::train::{noise_scale, EpochMetrics, Task, TrainConfig, Trainer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -167,10 +167,12 @@ fn train_diffusers(
     let mut trainer = Trainer::new(
         config,
         transformer,
-        conditioner,
-        Box::new(ToyScorer),
-        toy::prompts(toy::Split::Train),
-        toy::prompts(toy::Split::Eval),
+        Task {
+            pipeline: conditioner,
+            reward: Box::new(ToyScorer),
+            train_prompts: toy::prompts(toy::Split::Train),
+            eval_prompts: toy::prompts(toy::Split::Eval),
+        },
         &out,
     )?;
     if args.resume {

@@ -10,7 +10,7 @@ use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{EmbeddingCache, Sd3Conditioner};
 use tpgrpo::toy;
-use tpgrpo::train::{TrainConfig, Trainer};
+use tpgrpo::train::{Task, TrainConfig, Trainer};
 
 fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/sd3_tiny")
@@ -45,10 +45,12 @@ fn run(conditioner: Sd3Conditioner<B>, name: &str) -> Vec<(String, Vec<f32>)> {
     let mut t = Trainer::new(
         config(),
         transformer,
-        conditioner,
-        Box::new(common::Brightness),
-        toy::prompts(toy::Split::Train),
-        toy::prompts(toy::Split::Eval),
+        Task {
+            pipeline: conditioner,
+            reward: Box::new(common::Brightness),
+            train_prompts: toy::prompts(toy::Split::Train),
+            eval_prompts: toy::prompts(toy::Split::Eval),
+        },
         &out,
     )
     .unwrap();

@@ -177,10 +177,12 @@ pub fn trainer<B: burn::tensor::backend::AutodiffBackend>(
     crate::train::Trainer::new(
         config,
         model.transformer,
-        pipeline,
-        reward,
-        prompts(Split::Train),
-        prompts(Split::Eval),
+        crate::train::Task {
+            pipeline,
+            reward,
+            train_prompts: prompts(Split::Train),
+            eval_prompts: prompts(Split::Eval),
+        },
         out_dir,
     )
 }

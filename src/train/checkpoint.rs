@@ -15,7 +15,7 @@ use super::config::TrainConfig;
 use super::ema::Ema;
 use super::optim::{AdamW, Moments};
 use crate::error::{Error, Result};
-use crate::model::{LoraConfig, MMDiT};
+use crate::model::MMDiT;
 use crate::weights::{save_safetensors, write_atomically, WeightFiles};
 
 /// Scalars of a checkpoint.
@@ -47,8 +47,8 @@ pub fn save<B: Backend>(
     model: &MMDiT<B>,
     ema: &Ema<B>,
     optimizer: &AdamW<B>,
-    lora: &LoraConfig,
 ) -> Result<PathBuf> {
+    let lora = &state.config.lora;
     let root = out_dir.join("checkpoints");
     let name = format!("epoch-{:05}", state.epoch);
     let (dir, tmp) = (root.join(&name), root.join(format!(".{name}.partial")));

@@ -18,4 +18,4 @@ pub use ema::{Ema, EmaConfig};
 pub use metrics::{noise_scale, EpochMetrics};
 pub use noise_scale::GradientNoise;
 pub use optim::{clip_global_norm, AdamW, AdamWConfig};
-pub use trainer::Trainer;
+pub use trainer::{Task, Trainer};

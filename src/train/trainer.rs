@@ -28,6 +28,19 @@ use crate::reward::{Prompt, Reward};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::TextToImage;
 
+/// What a run trains for: the pipeline around the transformer, the reward, and the training
+/// and held-out prompts.
+pub struct Task<P> {
+    /// Encoders and decoder.
+    pub pipeline: P,
+    /// The reward.
+    pub reward: Box<dyn Reward>,
+    /// Training prompts.
+    pub train_prompts: Vec<Prompt>,
+    /// Held-out prompts.
+    pub eval_prompts: Vec<Prompt>,
+}
+
 /// The trainer: a LoRA-adapted transformer, its optimizer and EMA, a pipeline and a reward.
 pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     /// The settings.
@@ -72,17 +85,16 @@ fn mean_std(values: &[f64]) -> (f64, f64) {
 }
 
 impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
-    /// A trainer for `base` (adapters are attached here, per `config.lora`).
+    /// A trainer of `base` (adapters are attached here, per `config.lora`) for `task`,
+    /// writing to `out_dir`.
     pub fn new(
         config: TrainConfig,
         base: MMDiT<B>,
-        pipeline: P,
-        reward: Box<dyn Reward>,
-        train_prompts: Vec<Prompt>,
-        eval_prompts: Vec<Prompt>,
+        task: Task<P>,
         out_dir: impl AsRef<Path>,
     ) -> Result<Self> {
         config.validate()?;
+        let Task { pipeline, reward, train_prompts, eval_prompts } = task;
         if train_prompts.len() < config.prompts_per_epoch {
             return Err(Error::config(
                 "prompts_per_epoch",
@@ -236,14 +248,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             optimizer_step: self.optimizer.step,
             config: self.config.clone(),
         };
-        checkpoint::save(
-            &self.out_dir,
-            &state,
-            &self.model.valid(),
-            &self.ema,
-            &self.optimizer,
-            &self.config.lora,
-        )
+        checkpoint::save(&self.out_dir, &state, &self.model.valid(), &self.ema, &self.optimizer)
     }
 
     /// Restores the latest checkpoint of the output folder (its settings must equal these but
