@@ -1,11 +1,11 @@
 //! The main job: TP-GRPO fine-tuning of an SD3-family model.
 //!
-//! With no arguments it trains the embedded toy model (`models/toy/`, coloured shapes, a
-//! rule-based GenEval-like reward) on the CPU and prints the held-out reward before and after.
-//! `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings (the toy
-//! task's GenEval-style prompts and rule-based scorer are the reward until a learned reward
-//! model exists); `--features cuda` selects the GPU backend; `--objective flow-grpo` the
-//! baseline.
+//! With no arguments it trains the embedded toy model (`models/toy/`, coloured shapes) on the
+//! CPU with the dense prompt-alignment reward (`--reward toy-geneval`: the rule-based
+//! GenEval-like scorer) and prints the held-out reward and the GenEval-style checks before and
+//! after. `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings on
+//! the toy task's prompts and reward until a learned reward model exists; `--features cuda`
+//! selects the GPU backend; `--objective flow-grpo` the baseline.
 
 use std::path::PathBuf;
 
@@ -13,7 +13,8 @@ use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
-use tpgrpo::toy::{self, ToyScorer};
+use tpgrpo::reward::Reward;
+use tpgrpo::toy::{self, ToyAlignment, ToyChecks, ToyScorer};
 use tpgrpo::train::{noise_scale, EpochMetrics, Task, TrainConfig, Trainer};
 
 /// Command-line options.
@@ -26,6 +27,9 @@ struct Args {
     /// `tp-grpo` or `flow-grpo`.
     #[arg(long, default_value = "tp-grpo")]
     objective: String,
+    /// `toy-alignment` (dense prompt alignment) or `toy-geneval` (the rule-based scorer).
+    #[arg(long, default_value = "toy-alignment")]
+    reward: String,
     /// A JSON file of settings (any subset of TrainConfig, nested).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -50,9 +54,14 @@ fn main() {
     }
 }
 
+/// The report's rates as `name value` pairs.
+fn report_line(m: &EpochMetrics) -> String {
+    m.eval_report.iter().map(|(k, v)| format!("  {k} {v:.3}")).collect()
+}
+
 fn print_epoch(m: &EpochMetrics) {
     match (m.epoch, m.eval_reward) {
-        (0, Some(r)) => println!("before training: held-out reward {r:.4}"),
+        (0, Some(r)) => println!("before training: held-out reward {r:.4}{}", report_line(m)),
         (_, eval) => println!(
             "epoch {:3}  reward {:.4} ± {:.4}  turning points {:3} (+{} / -{})  ratio {:.5}  \
              clip {:.2}/{:.2}  kl {:.2e}  nfe {:.0}  {:.1} s{}",
@@ -68,8 +77,21 @@ fn print_epoch(m: &EpochMetrics) {
             m.loss.kl,
             m.nfe_per_sample,
             m.seconds,
-            eval.map(|r| format!("  held-out {r:.4}")).unwrap_or_default()
+            eval.map(|r| format!("\n           held-out {r:.4}{}", report_line(m)))
+                .unwrap_or_default()
         ),
+    }
+}
+
+/// The toy task's reward named by `--reward`.
+fn toy_reward(name: &str) -> tpgrpo::Result<Box<dyn Reward>> {
+    match name {
+        "toy-alignment" => Ok(Box::new(ToyAlignment)),
+        "toy-geneval" => Ok(Box::new(ToyScorer)),
+        other => Err(tpgrpo::Error::config(
+            "reward",
+            format!("unknown reward {other:?} (known: toy-alignment, toy-geneval)"),
+        )),
     }
 }
 
@@ -83,15 +105,18 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let config = toy::train_config().with_sources(args.config.as_deref(), &sets)?;
     let out = args.out.unwrap_or_else(|| PathBuf::from(format!("runs/toy-{}", args.objective)));
     println!(
-        "tpgrpo train_sd3: embedded toy task, {} on {}, {} epochs of {} prompts x {}, output {}",
+        "tpgrpo train_sd3: embedded toy task, {} with {} on {}, {} epochs of {} prompts x {}, \
+         output {}",
         args.objective,
+        args.reward,
         backend::NAME,
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
         out.display()
     );
-    let mut trainer = toy::trainer::<TrainBackend>(config, Box::new(ToyScorer), &out, &device)?;
+    let reward = toy_reward(&args.reward)?;
+    let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     if args.resume {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);
@@ -104,17 +129,15 @@ fn run(args: Args) -> tpgrpo::Result<()> {
 /// Prints the held-out reward at the first and last evaluation and the gradient noise scale
 /// against the samples of one update.
 fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path) {
-    let evals: Vec<(usize, f64)> =
-        history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect();
+    let evals: Vec<&EpochMetrics> = history.iter().filter(|m| m.eval_reward.is_some()).collect();
     if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
-        println!(
-            "held-out reward: {:.4} at epoch {} -> {:.4} at epoch {} ({:+.4})",
-            first.1,
-            first.0,
-            last.1,
-            last.0,
-            last.1 - first.1
-        );
+        let (a, b) = (first.eval_reward.unwrap_or(0.0), last.eval_reward.unwrap_or(0.0));
+        let (e0, e1) = (first.epoch, last.epoch);
+        println!("held-out reward: {a:.4} at epoch {e0} -> {b:.4} at epoch {e1} ({:+.4})", b - a);
+        for (name, before) in &first.eval_report {
+            let after = last.eval_report.get(name).copied().unwrap_or(f64::NAN);
+            println!("  {name:<15} {before:.4} -> {after:.4} ({:+.4})", after - before);
+        }
     }
     let n = config.prompts_per_epoch * config.group_size / config.optimizer_steps_per_epoch;
     match noise_scale(history) {
@@ -128,8 +151,8 @@ fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path)
 }
 
 /// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 folder with the reference settings
-/// (`TrainConfig` defaults), the GenEval-style prompts of the embedded task and its rule-based
-/// scorer as the reward, at `--resolution`.
+/// (`TrainConfig` defaults), the GenEval-style prompts of the embedded task and its `--reward`,
+/// at `--resolution`.
 fn train_diffusers(
     dir: &std::path::Path,
     args: &Args,
@@ -169,9 +192,10 @@ fn train_diffusers(
         transformer,
         Task {
             pipeline: conditioner,
-            reward: Box::new(ToyScorer),
+            reward: toy_reward(&args.reward)?,
             train_prompts: toy::prompts(toy::Split::Train),
             eval_prompts: toy::prompts(toy::Split::Eval),
+            report: Some(Box::new(ToyChecks)),
         },
         &out,
     )?;

@@ -3,6 +3,7 @@
 
 use tpgrpo::image::Image;
 use tpgrpo::reward::{score_checked, Prompt, Reward};
+use tpgrpo::toy::alignment::alignment;
 use tpgrpo::toy::draw::{layout, paint, Placed};
 use tpgrpo::toy::prompt::{all_scenes, Color, Include, Relation, Shape};
 use tpgrpo::toy::scorer::{detect, score_scene, Checks, COLOR_ONLY_CREDIT};
@@ -172,4 +173,66 @@ fn scorer_errors_and_non_finite_scores() {
     let err = score_checked(&Nan, &[img], &[p]).unwrap_err().to_string();
     assert!(err.contains("`nan`") && err.contains("NaN"), "{err}");
     assert!(tokenize("two purple circles").unwrap_err().to_string().contains("\"purple\""));
+}
+
+/// The dense alignment reward by hand: one red 10x10 square on black. Exact palette pixels
+/// belong to red with weight 1 and to the other references with weights below 1e-3, so for
+/// "a red square" the mass 100 lies in the renderer's range [64, 121] (score 1), and for "two
+/// red squares" it is 100 of at least 128 (score 100/128).
+#[test]
+fn alignment_by_hand() {
+    let image = paint(&[obj(Shape::Square, Color::Red, 4, 4, 10)]);
+    let one = alignment(&scene(vec![group(Color::Red, Shape::Square, 1)]), &image);
+    assert!((one - 1.0).abs() < 1e-3, "{one}");
+    let two = alignment(&scene(vec![group(Color::Red, Shape::Square, 2)]), &image);
+    assert!((two - 100.0 / 128.0).abs() < 1e-3, "{two}");
+    // A position prompt: blue right of red by 14 pixels holds (sigmoid(14 - 2) ~ 1); the
+    // reverse relation fails (sigmoid(-16) ~ 0), halving the score.
+    let pair = paint(&[
+        obj(Shape::Square, Color::Red, 2, 10, 10),
+        obj(Shape::Square, Color::Blue, 16, 10, 10),
+    ]);
+    let placed = |rel| Include { position: Some((rel, 0)), ..group(Color::Blue, Shape::Square, 1) };
+    let right = scene(vec![group(Color::Red, Shape::Square, 1), placed(Relation::RightOf)]);
+    let left = scene(vec![group(Color::Red, Shape::Square, 1), placed(Relation::LeftOf)]);
+    assert!((alignment(&right, &pair) - 1.0).abs() < 1e-3);
+    assert!((alignment(&left, &pair) - 2.0 / 3.0).abs() < 1e-3);
+}
+
+/// Rendered scenes score about 1; degenerate pictures score low: a flood fill with a requested
+/// colour, an empty (black) image, uniform noise, and the scene drawn in other colours.
+#[test]
+fn alignment_rewards_rendered_scenes_and_no_degenerate_picture() {
+    let mut rng = tpgrpo::rng::SplitMix64(9);
+    let (mut rendered, mut worst_degenerate) = (Vec::new(), 0.0f64);
+    for (i, s) in all_scenes().iter().enumerate() {
+        for seed in 0..2 {
+            rendered.push(alignment(s, &render(s, 100 * i as u64 + seed)));
+        }
+        let n = 32 * 32;
+        let fill = Image { width: 32, height: 32, pixels: s.include[0].color.rgb().repeat(n) };
+        let empty = Image { width: 32, height: 32, pixels: vec![0.0; 3 * n] };
+        let noise = Image {
+            width: 32,
+            height: 32,
+            pixels: (0..3 * n).map(|_| rng.uniform() as f32).collect(),
+        };
+        let unrequested: Vec<Color> =
+            Color::ALL.into_iter().filter(|c| s.include.iter().all(|g| g.color != *c)).collect();
+        let mut other = s.clone();
+        for (g, &c) in other.include.iter_mut().zip(unrequested.iter().cycle()) {
+            g.color = c;
+        }
+        let wrong = render(&other, i as u64);
+        for (what, image) in [("fill", fill), ("empty", empty), ("noise", noise), ("wrong", wrong)]
+        {
+            let score = alignment(s, &image);
+            assert!(score < 0.2, "{what} image scores {score} for {:?}", s.text());
+            worst_degenerate = worst_degenerate.max(score);
+        }
+    }
+    let mean = rendered.iter().sum::<f64>() / rendered.len() as f64;
+    let min = rendered.iter().copied().fold(f64::INFINITY, f64::min);
+    eprintln!("rendered: mean {mean:.4}, min {min:.4}; degenerate: max {worst_degenerate:.4}");
+    assert!(mean > 0.97 && min > 0.9, "rendered scenes: mean {mean}, min {min}");
 }

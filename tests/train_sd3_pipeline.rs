@@ -50,6 +50,7 @@ fn run(conditioner: Sd3Conditioner<B>, name: &str) -> Vec<(String, Vec<f32>)> {
             reward: Box::new(common::Brightness),
             train_prompts: toy::prompts(toy::Split::Train),
             eval_prompts: toy::prompts(toy::Split::Eval),
+            report: None,
         },
         &out,
     )

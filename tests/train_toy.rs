@@ -219,8 +219,8 @@ fn evaluation_draws_several_seeds_per_prompt() {
     };
     let one = bright(images_per_prompt(1), "train-eval-one");
     let two = bright(images_per_prompt(2), "train-eval-two");
-    let (r1, first) = one.evaluate().unwrap();
-    let (r2, images) = two.evaluate().unwrap();
+    let (one, two) = (one.evaluate().unwrap(), two.evaluate().unwrap());
+    let (r1, first, r2, images) = (one.reward, one.images, two.reward, two.images);
     assert_eq!(images.len(), 4, "one grid image per prompt");
     assert_eq!(images, first);
     let second_seed_mean = 2.0 * r2 - r1;
@@ -228,6 +228,32 @@ fn evaluation_draws_several_seeds_per_prompt() {
     assert!((second_seed_mean - r1).abs() > 1e-4, "the second round reused the seeds: {r1} {r2}");
     let zero = config(1, "tp-grpo").with_sources(None, &["eval_images_per_prompt=0".into()]);
     assert!(zero.unwrap_err().to_string().contains("eval_images_per_prompt"));
+}
+
+/// The report beside any reward: trained on the dense alignment reward, the evaluation also
+/// gives the rule-based score, equal to the mean `ToyScorer` score of the same images (an
+/// evaluation that trains on `ToyScorer`), and the check pass rates.
+#[test]
+fn evaluation_reports_the_rule_based_score_and_checks() {
+    let evaluate = |reward: Box<dyn tpgrpo::reward::Reward>, name: &str| {
+        let out = common::scratch(name);
+        let t =
+            toy::trainer::<TrainBackend>(config(1, "tp-grpo"), reward, &out, &Default::default());
+        t.unwrap().evaluate().unwrap()
+    };
+    let dense = evaluate(Box::new(toy::ToyAlignment), "train-report-dense");
+    let rule = evaluate(Box::new(ToyScorer), "train-report-rule");
+    let keys: Vec<&str> = dense.report.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["check_color", "check_count", "check_relation", "check_shape", "toy_geneval"],
+        "{:?}",
+        dense.report
+    );
+    assert!((dense.report["toy_geneval"] - rule.reward).abs() < 1e-12, "{dense:?} {rule:?}");
+    assert_eq!(dense.report, rule.report);
+    assert!(dense.report.values().all(|v| (0.0..=1.0).contains(v)));
+    assert!((dense.reward - rule.reward).abs() > 1e-6, "two different rewards");
 }
 
 #[test]

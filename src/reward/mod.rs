@@ -23,6 +23,14 @@ pub trait Reward {
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>>;
 }
 
+/// Measurements made at evaluation beside the reward (GenEval-style pass rates, a second
+/// scorer): a batch's tallies `(name, passed, made)`, summed over the evaluation and reported
+/// as `passed / made`.
+pub trait Report {
+    /// The tallies of `images[i]` against `prompts[i]`.
+    fn tally(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<(String, f64, f64)>>;
+}
+
 /// Scores `images` with `reward`, checking the batch size and that every score is finite: a
 /// NaN or infinite score is an error naming the reward, the image and its prompt.
 pub fn score_checked(

@@ -3,6 +3,7 @@
 //!
 //! The "latent" is the image itself scaled to `[-1, 1]` (no VAE): `z = 2x - 1`, `x = z/2 + 1/2`.
 
+pub mod alignment;
 pub mod draw;
 pub mod prompt;
 pub mod scorer;
@@ -18,9 +19,10 @@ use crate::model::{MMDiT, MMDiTConfig};
 use crate::sampler::Conditioning;
 use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
 
+pub use alignment::ToyAlignment;
 pub use draw::{render, IMAGE_SIZE};
 pub use prompt::{prompts, Scene, Split};
-pub use scorer::ToyScorer;
+pub use scorer::{ToyChecks, ToyScorer};
 pub use text::ToyTextEncoder;
 
 /// Text encoder weight file inside the toy model folder.
@@ -164,7 +166,8 @@ pub fn train_config() -> crate::train::TrainConfig {
 }
 
 /// A trainer for the shipped toy model (`models/toy/`) with `reward` on the toy prompts
-/// (training split; held-out split for evaluation), writing to `out_dir`.
+/// (training split; held-out split for evaluation, with the [`ToyChecks`] report), writing to
+/// `out_dir`.
 pub fn trainer<B: burn::tensor::backend::AutodiffBackend>(
     config: crate::train::TrainConfig,
     reward: Box<dyn crate::reward::Reward>,
@@ -182,6 +185,7 @@ pub fn trainer<B: burn::tensor::backend::AutodiffBackend>(
             reward,
             train_prompts: prompts(Split::Train),
             eval_prompts: prompts(Split::Eval),
+            report: Some(Box::new(ToyChecks)),
         },
         out_dir,
     )

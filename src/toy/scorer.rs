@@ -9,7 +9,7 @@
 use super::prompt::{Color, Include, Relation, Scene, Shape};
 use crate::error::Result;
 use crate::image::Image;
-use crate::reward::{Prompt, Reward};
+use crate::reward::{Prompt, Report, Reward};
 
 /// Largest Euclidean RGB distance at which a pixel counts as a palette colour.
 pub const COLOR_TOLERANCE: f32 = 0.3;
@@ -251,5 +251,33 @@ impl Reward for ToyScorer {
             .zip(prompts)
             .map(|(image, prompt)| Ok(score_scene(&Scene::from_prompt(prompt)?, &detect(image))))
             .collect()
+    }
+}
+
+/// The toy task's evaluation [`Report`], whatever reward trains: the rule-based score
+/// (`toy_geneval`, the mean [`score_scene`]) and the pass rates of the [`Checks`]
+/// (`check_color`, `check_count`, `check_shape`, `check_relation`), from one detection per
+/// image.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ToyChecks;
+
+impl Report for ToyChecks {
+    fn tally(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<(String, f64, f64)>> {
+        let (mut score, mut checks) = (0.0, Checks::default());
+        for (image, prompt) in images.iter().zip(prompts) {
+            let (scene, found) = (Scene::from_prompt(prompt)?, detect(image));
+            score += score_scene(&scene, &found);
+            checks = checks + Checks::of(&scene, &found);
+        }
+        let rate = |name: &str, (passed, made): (usize, usize)| {
+            (name.to_string(), passed as f64, made as f64)
+        };
+        Ok(vec![
+            ("toy_geneval".to_string(), score, images.len() as f64),
+            rate("check_color", checks.colors),
+            rate("check_count", checks.counts),
+            rate("check_shape", checks.shapes),
+            rate("check_relation", checks.relations),
+        ])
     }
 }

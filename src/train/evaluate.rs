@@ -1,13 +1,15 @@
 //! The held-out evaluation: EMA weights, deterministic ODE samples from fixed seeds, the mean
 //! reward and the first image of each prompt.
 
+use std::collections::BTreeMap;
+
 use burn::prelude::*;
 
 use super::config::TrainConfig;
 use crate::error::Result;
 use crate::image::Image;
 use crate::model::MMDiT;
-use crate::reward::{score_checked, Prompt, Reward};
+use crate::reward::{score_checked, Prompt, Report, Reward};
 use crate::rng::{mix, salt};
 use crate::sampler::{ode_sample, seeded_noise, FlowSchedule, TextToImage};
 
@@ -21,13 +23,26 @@ pub struct Evaluator<'a, B: Backend, P: TextToImage<B>> {
     pub pipeline: &'a P,
     /// The reward.
     pub reward: &'a dyn Reward,
+    /// Measured beside the reward.
+    pub report: Option<&'a dyn Report>,
+}
+
+/// What an evaluation measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// The mean reward.
+    pub reward: f64,
+    /// The report's rates by name (`passed / made` of its summed tallies).
+    pub report: BTreeMap<String, f64>,
+    /// The first image of each prompt.
+    pub images: Vec<Image>,
 }
 
 impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
-    /// Mean reward of `eval_steps`-step guided ODE samples of `prompts`,
+    /// Mean reward and report of `eval_steps`-step guided ODE samples of `prompts`,
     /// `eval_images_per_prompt` per prompt from fixed seeds (image `j` of prompt `i` has the
     /// seed of item `j * len + i`), and the first image of each prompt.
-    pub fn evaluate(&self, prompts: &[Prompt]) -> Result<(f64, Vec<Image>)> {
+    pub fn evaluate(&self, prompts: &[Prompt]) -> Result<Evaluation> {
         let cfg = self.config;
         let device = self.model.devices()[0].clone();
         let empty = self.pipeline.encode(&[""])?;
@@ -35,6 +50,7 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
         let shape = self.pipeline.latent_shape();
         let chunk_size = cfg.rollout_batch * 4;
         let (mut scores, mut images) = (Vec::new(), Vec::new());
+        let mut tallies: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for (c, chunk) in prompts.chunks(chunk_size).enumerate() {
             // Each chunk is encoded once and sampled with every image's seed.
             let texts: Vec<&str> = chunk.iter().map(|p| p.text.as_str()).collect();
@@ -52,11 +68,23 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
                 let out = ode_sample(self.model, &schedule, noise, &cond, &uncond, g)?;
                 let imgs = self.pipeline.decode(out)?;
                 scores.extend(score_checked(self.reward, &imgs, chunk)?);
+                for (name, passed, made) in
+                    self.report.map_or(Ok(vec![]), |r| r.tally(&imgs, chunk))?
+                {
+                    let t = tallies.entry(name).or_default();
+                    (t.0, t.1) = (t.0 + passed, t.1 + made);
+                }
                 if j == 0 {
                     images.extend(imgs);
                 }
             }
         }
-        Ok((scores.iter().sum::<f64>() / scores.len().max(1) as f64, images))
+        let reward = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
+        let report = tallies
+            .into_iter()
+            .filter(|(_, (_, made))| *made > 0.0)
+            .map(|(name, (passed, made))| (name, passed / made))
+            .collect();
+        Ok(Evaluation { reward, report, images })
     }
 }

@@ -1,5 +1,6 @@
 //! Per-epoch training metrics, one JSON object per line in `metrics.jsonl`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,10 @@ pub struct EpochMetrics {
     pub reward_std: f64,
     /// Mean held-out reward with EMA weights after this epoch, when evaluated.
     pub eval_reward: Option<f64>,
+    /// The task's report on the same held-out images, when evaluated (the toy task: its
+    /// rule-based score and GenEval-style check pass rates).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub eval_report: BTreeMap<String, f64>,
     /// Turning points and the samples kept (see [`CreditStats`]).
     #[serde(flatten)]
     pub credit: CreditStats,

@@ -15,6 +15,7 @@ pub mod update;
 
 pub use config::TrainConfig;
 pub use ema::{Ema, EmaConfig};
+pub use evaluate::Evaluation;
 pub use metrics::{noise_scale, EpochMetrics};
 pub use noise_scale::GradientNoise;
 pub use optim::{clip_global_norm, AdamW, AdamWConfig};

@@ -14,7 +14,7 @@ use super::checkpoint::{self, TrainerState};
 use super::collect::{epoch_prompts, Batch, Collector};
 use super::config::TrainConfig;
 use super::ema::Ema;
-use super::evaluate::Evaluator;
+use super::evaluate::{Evaluation, Evaluator};
 use super::metrics::{read_metrics, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
 use super::optim::AdamW;
@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::{save_grid, Image};
 use crate::model::MMDiT;
-use crate::reward::{Prompt, Reward};
+use crate::reward::{Prompt, Report, Reward};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::TextToImage;
 
@@ -39,6 +39,8 @@ pub struct Task<P> {
     pub train_prompts: Vec<Prompt>,
     /// Held-out prompts.
     pub eval_prompts: Vec<Prompt>,
+    /// Measured on the held-out images at every evaluation beside the reward.
+    pub report: Option<Box<dyn Report>>,
 }
 
 /// The trainer: a LoRA-adapted transformer, its optimizer and EMA, a pipeline and a reward.
@@ -61,6 +63,8 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     pub train_prompts: Vec<Prompt>,
     /// Held-out prompts.
     pub eval_prompts: Vec<Prompt>,
+    /// Measured on the held-out images at every evaluation.
+    pub report: Option<Box<dyn Report>>,
     /// Output folder (metrics, images, checkpoints).
     pub out_dir: PathBuf,
 }
@@ -94,7 +98,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         out_dir: impl AsRef<Path>,
     ) -> Result<Self> {
         config.validate()?;
-        let Task { pipeline, reward, train_prompts, eval_prompts } = task;
+        let Task { pipeline, reward, train_prompts, eval_prompts, report } = task;
         if train_prompts.len() < config.prompts_per_epoch {
             return Err(Error::config(
                 "prompts_per_epoch",
@@ -121,6 +125,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             epoch: 0,
             train_prompts,
             eval_prompts,
+            report,
             out_dir: out_dir.as_ref().to_path_buf(),
         })
     }
@@ -145,7 +150,6 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             objective: self.config.objective.objective.name().into(),
             reward_mean,
             reward_std,
-            eval_reward: None,
             credit: credit.stats,
             loss: LossStats::mean(&updates.loss),
             grad_norm: mean_std(&updates.grad_norm).0,
@@ -154,6 +158,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             optimizer_steps: self.optimizer.step,
             nfe_per_sample: batch.nfe as f64 / total as f64,
             seconds: started.elapsed().as_secs_f64(),
+            ..EpochMetrics::default()
         })
     }
 
@@ -223,9 +228,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         self.model.valid().with_lora_tensors(self.ema.tensors.clone())
     }
 
-    /// Mean held-out reward with the EMA adapters (`eval_prompts` of the held-out prompts,
-    /// 0: all; see [`Evaluator::evaluate`]) and the first image of each prompt.
-    pub fn evaluate(&self) -> Result<(f64, Vec<Image>)> {
+    /// The held-out evaluation with the EMA adapters (`eval_prompts` of the held-out prompts,
+    /// 0: all; see [`Evaluator::evaluate`]).
+    pub fn evaluate(&self) -> Result<Evaluation> {
         let cfg = &self.config;
         let model = self.ema_model()?;
         let count = match cfg.eval_prompts {
@@ -237,6 +242,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             model: &model,
             pipeline: &self.pipeline,
             reward: self.reward.as_ref(),
+            report: self.report.as_deref(),
         };
         evaluator.evaluate(&self.eval_prompts[..count])
     }
@@ -304,11 +310,12 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let metrics_path = self.out_dir.join("metrics.jsonl");
         let mut history = read_metrics(&metrics_path)?;
         if self.epoch == 0 && cfg.eval_every > 0 {
-            let (r, images) = self.evaluate()?;
-            self.save_samples(0, &images)?;
+            let eval = self.evaluate()?;
+            self.save_samples(0, &eval.images)?;
             let start = EpochMetrics {
                 objective: cfg.objective.objective.name().into(),
-                eval_reward: Some(r),
+                eval_reward: Some(eval.reward),
+                eval_report: eval.report,
                 ..EpochMetrics::default()
             };
             on_epoch(&start);
@@ -323,9 +330,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             let last = self.epoch == cfg.epochs;
             if cfg.eval_every > 0 && (self.epoch % cfg.eval_every == 0 || last) {
                 inner.set_message("evaluation");
-                let (r, images) = self.evaluate()?;
-                self.save_samples(self.epoch, &images)?;
-                m.eval_reward = Some(r);
+                let eval = self.evaluate()?;
+                self.save_samples(self.epoch, &eval.images)?;
+                (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
             }
             history.push(m.clone());
             write_metrics(&metrics_path, &history)?;
