@@ -1,14 +1,16 @@
 //! TP-GRPO against the Flow-GRPO baseline on the embedded toy task: the same seeds, prompts
 //! per epoch, epochs and optimizer steps for both, three seeds each. Writes one PNG with every
-//! held-out reward curve (TP-GRPO red, Flow-GRPO blue; pale lines per seed, saturated the mean) and
-//! a Markdown table (with each run's gradient noise scale), and prints the table.
+//! held-out reward curve (TP-GRPO red, Flow-GRPO blue; pale lines per seed, saturated the mean),
+//! a Markdown table (held-out reward, the rule-based score and check pass rates before and
+//! after, each run's gradient noise scale), and `first-last.png`: the first and last
+//! evaluation grids of each objective's first seed side by side; prints the table.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::toy::{self, ToyScorer};
+use tpgrpo::toy;
 use tpgrpo::train::plot::{save_chart, Series};
 use tpgrpo::train::{noise_scale, EpochMetrics};
 
@@ -19,6 +21,9 @@ struct Args {
     /// Seeds (one run per objective and seed).
     #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     seeds: Vec<u64>,
+    /// `toy-alignment` (dense prompt alignment) or `toy-geneval` (the rule-based scorer).
+    #[arg(long, default_value = "toy-alignment")]
+    reward: String,
     /// Overrides `key.path=value` applied to both objectives (repeatable).
     #[arg(long = "set")]
     sets: Vec<String>,
@@ -38,6 +43,8 @@ fn main() {
 /// per sample and its seconds.
 struct Run {
     evals: Vec<(usize, f64)>,
+    /// The report of the first and the last evaluation.
+    reports: [std::collections::BTreeMap<String, f64>; 2],
     nfe: f64,
     seconds: f64,
     noise_scale: Option<f64>,
@@ -53,15 +60,20 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
     let config = toy::train_config().with_sources(None, &sets)?;
     let out = args.out.join(format!("{objective}-seed{seed}"));
     let _ = std::fs::remove_dir_all(&out);
-    let mut trainer = toy::trainer::<TrainBackend>(config, Box::new(ToyScorer), &out, &device)?;
+    let reward = toy::reward(&args.reward)?;
+    let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     let history: Vec<EpochMetrics> = trainer.train(|m| {
         if let Some(r) = m.eval_reward {
             println!("  {objective} seed {seed} epoch {:3}: held-out {r:.4}", m.epoch);
         }
     })?;
     let trained = &history[1..];
+    let evaluated: Vec<&EpochMetrics> =
+        history.iter().filter(|m| m.eval_reward.is_some()).collect();
+    let report = |m: Option<&&EpochMetrics>| m.map(|m| m.eval_report.clone()).unwrap_or_default();
     Ok(Run {
         evals: history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect(),
+        reports: [report(evaluated.first()), report(evaluated.last())],
         nfe: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>() / trained.len() as f64,
         seconds: trained.iter().map(|m| m.seconds).sum(),
         noise_scale: noise_scale(&history),
@@ -82,7 +94,7 @@ fn mean_curve(runs: &[Run]) -> Vec<(f64, f64)> {
 fn run(args: Args) -> tpgrpo::Result<()> {
     let objectives = [("tp-grpo", [220u8, 60, 40]), ("flow-grpo", [50, 90, 220])];
     let mut table = String::from(
-        "| objective | seed | held-out before | held-out after | change | NFE / sample | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|\n",
+        "| objective | seed | held-out before | held-out after | change | rule-based score | colour / count / shape / relation checks | NFE / sample | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut series = Vec::new();
     let mut summary = Vec::new();
@@ -94,8 +106,10 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             let (first, last) = (r.evals[0].1, r.evals[r.evals.len() - 1].1);
             writeln!(
                 table,
-                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {:.0} | {:.0} | {} |",
+                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {} | {} | {:.0} | {:.0} | {} |",
                 last - first,
+                before_after(&r.reports, &["toy_geneval"]),
+                before_after(&r.reports, &["check_color", "check_count", "check_shape", "check_relation"]),
                 r.nfe,
                 r.seconds,
                 r.noise_scale.map_or("not resolved".into(), |b| format!("{b:.0}"))
@@ -111,7 +125,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let curve = mean_curve(&runs);
         let (first, last) = (curve[0].1, curve[curve.len() - 1].1);
         summary.push(format!(
-            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | | |",
+            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | | | | |",
             last - first
         ));
         series.push(Series { color, points: curve });
@@ -121,9 +135,59 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     }
     std::fs::create_dir_all(&args.out).map_err(|e| tpgrpo::Error::io(&args.out, e))?;
     save_chart(&args.out.join("compare.png"), &series)?;
+    first_last(&args)?;
     let path = args.out.join("results.md");
     std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
     println!("\n{table}");
     println!("chart: {}", args.out.join("compare.png").display());
     Ok(())
+}
+
+/// `a -> b` of the named report rates (first and last evaluation), `/`-separated.
+fn before_after(reports: &[std::collections::BTreeMap<String, f64>; 2], names: &[&str]) -> String {
+    let rates = |i: usize| -> Vec<String> {
+        names.iter().map(|n| reports[i].get(*n).map_or("-".into(), |v| format!("{v:.2}"))).collect()
+    };
+    format!("{} -> {}", rates(0).join(" / "), rates(1).join(" / "))
+}
+
+/// `first-last.png`: for each objective, the first seed's first and last evaluation grids
+/// side by side (TP-GRPO above Flow-GRPO).
+fn first_last(args: &Args) -> tpgrpo::Result<()> {
+    let Some(seed) = args.seeds.first() else { return Ok(()) };
+    let mut rows = Vec::new();
+    for objective in ["tp-grpo", "flow-grpo"] {
+        let dir = args.out.join(format!("{objective}-seed{seed}")).join("samples");
+        let mut grids: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| tpgrpo::Error::io(&dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "png"))
+            .collect();
+        grids.sort();
+        let open = |p: &PathBuf| {
+            image::open(p).map(|i| i.to_rgb8()).map_err(|e| tpgrpo::Error::format(p, e.to_string()))
+        };
+        if let (Some(a), Some(b)) = (grids.first(), grids.last()) {
+            rows.push([open(a)?, open(b)?]);
+        }
+    }
+    let Some([a, _]) = rows.first() else { return Ok(()) };
+    let (w, h, gap) = (a.width(), a.height(), 16);
+    let mut out = image::RgbImage::from_pixel(
+        2 * w + gap,
+        rows.len() as u32 * (h + gap),
+        image::Rgb([255; 3]),
+    );
+    for (r, pair) in rows.iter().enumerate() {
+        for (c, grid) in pair.iter().enumerate() {
+            image::imageops::overlay(
+                &mut out,
+                grid,
+                (c as u32 * (w + gap)) as i64,
+                (r as u32 * (h + gap)) as i64,
+            );
+        }
+    }
+    let path = args.out.join("first-last.png");
+    out.save(&path).map_err(|e| tpgrpo::Error::format(&path, e.to_string()))
 }

@@ -13,8 +13,7 @@ use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
-use tpgrpo::reward::Reward;
-use tpgrpo::toy::{self, ToyAlignment, ToyChecks, ToyScorer};
+use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::{noise_scale, EpochMetrics, Task, TrainConfig, Trainer};
 
 /// Command-line options.
@@ -83,18 +82,6 @@ fn print_epoch(m: &EpochMetrics) {
     }
 }
 
-/// The toy task's reward named by `--reward`.
-fn toy_reward(name: &str) -> tpgrpo::Result<Box<dyn Reward>> {
-    match name {
-        "toy-alignment" => Ok(Box::new(ToyAlignment)),
-        "toy-geneval" => Ok(Box::new(ToyScorer)),
-        other => Err(tpgrpo::Error::config(
-            "reward",
-            format!("unknown reward {other:?} (known: toy-alignment, toy-geneval)"),
-        )),
-    }
-}
-
 fn run(args: Args) -> tpgrpo::Result<()> {
     let device = backend::device();
     let objective = format!("objective.objective={}", args.objective);
@@ -115,7 +102,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         config.group_size,
         out.display()
     );
-    let reward = toy_reward(&args.reward)?;
+    let reward = toy::reward(&args.reward)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     if args.resume {
         trainer.resume()?;
@@ -192,7 +179,7 @@ fn train_diffusers(
         transformer,
         Task {
             pipeline: conditioner,
-            reward: toy_reward(&args.reward)?,
+            reward: toy::reward(&args.reward)?,
             train_prompts: toy::prompts(toy::Split::Train),
             eval_prompts: toy::prompts(toy::Split::Eval),
             report: Some(Box::new(ToyChecks)),

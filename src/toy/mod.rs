@@ -165,6 +165,19 @@ pub fn train_config() -> crate::train::TrainConfig {
         .with_ema(EmaConfig::new().with_every(1))
 }
 
+/// The toy task's reward named `name`: `toy-alignment` ([`ToyAlignment`], the default) or
+/// `toy-geneval` ([`ToyScorer`]).
+pub fn reward(name: &str) -> Result<Box<dyn crate::reward::Reward>> {
+    match name {
+        "toy-alignment" => Ok(Box::new(ToyAlignment)),
+        "toy-geneval" => Ok(Box::new(ToyScorer)),
+        other => Err(Error::config(
+            "reward",
+            format!("unknown reward {other:?} (known: toy-alignment, toy-geneval)"),
+        )),
+    }
+}
+
 /// A trainer for the shipped toy model (`models/toy/`) with `reward` on the toy prompts
 /// (training split; held-out split for evaluation, with the [`ToyChecks`] report), writing to
 /// `out_dir`.
