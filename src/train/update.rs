@@ -64,6 +64,14 @@ pub struct StepLosses<'a, B: AutodiffBackend> {
     pub schedule: FlowSchedule,
 }
 
+/// One micro-batch: its rows and their CFG conditioning, for the policy (autodiff) and the
+/// reference (inner backend), built once for all trained steps.
+struct MicroBatch<'r, B: AutodiffBackend> {
+    rows: &'r [usize],
+    guide: Guidance<B>,
+    guide_ref: Guidance<B::InnerBackend>,
+}
+
 impl<B: AutodiffBackend> StepLosses<'_, B> {
     /// The gradients of one micro-batch (`rows`) summed over every trained step, each step's
     /// loss scaled by `scale`, and the loss statistics of each step.
@@ -74,9 +82,17 @@ impl<B: AutodiffBackend> StepLosses<'_, B> {
         scale: f64,
         pb: &ProgressBar,
     ) -> Result<(Gradients<B::InnerBackend>, Vec<LossStats>)> {
+        let (batch, b, g) = (self.batch, rows.len(), self.config.rollout.guidance);
+        let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
+        let (c, u) = (batch.cond.select(&ids), batch.empty.select(&vec![0; b]));
+        let micro = MicroBatch {
+            rows,
+            guide: Guidance::new(&lift::<B>(&c), &lift::<B>(&u), g, b, 1)?,
+            guide_ref: Guidance::new(&c, &u, g, b, 1)?,
+        };
         let (mut grads, mut stats) = (Gradients::new(), Vec::new());
         for (j, k) in self.config.rollout.window().enumerate() {
-            let (loss, s) = self.step_loss(model, rows, j, k)?;
+            let (loss, s) = self.step_loss(model, &micro, j, k)?;
             let g = (loss * scale).backward();
             for (name, t) in model.lora_tensors() {
                 if let Some(grad) = t.grad(&g) {
@@ -89,21 +105,19 @@ impl<B: AutodiffBackend> StepLosses<'_, B> {
         Ok((grads, stats))
     }
 
-    /// The loss of trained step `j` (scheduler step `k`) on `rows`: the policy's CFG velocity
-    /// at the stored `x_k`, the log-prob of the stored `x_{k+1}`, the clipped policy loss, plus
-    /// `kl_beta` times the KL to the reference policy's step.
+    /// The loss of trained step `j` (scheduler step `k`) on a micro-batch: the policy's CFG
+    /// velocity at the stored `x_k`, the log-prob of the stored `x_{k+1}`, the clipped policy
+    /// loss, plus `kl_beta` times the KL to the reference policy's step.
     fn step_loss(
         &self,
         model: &MMDiT<B>,
-        rows: &[usize],
+        micro: &MicroBatch<'_, B>,
         j: usize,
         k: usize,
     ) -> Result<(Tensor<B, 1>, LossStats)> {
-        let (cfg, batch, b) = (self.config, self.batch, rows.len());
-        let (obj, ro) = (&cfg.objective, &cfg.rollout);
+        let (cfg, batch, rows) = (self.config, self.batch, micro.rows);
+        let (obj, ro, b) = (&cfg.objective, &cfg.rollout, rows.len());
         let device = model.devices()[0].clone();
-        let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
-        let (c, u) = (batch.cond.select(&ids), batch.empty.select(&vec![0; b]));
         let x_inner = select_rows(&batch.states[k], rows);
         let x_next = Tensor::<B, 4>::from_inner(select_rows(&batch.states[k + 1], rows));
         let old = Tensor::<B, 1>::from_inner(select_rows(&batch.old_log_probs[j], rows));
@@ -111,17 +125,15 @@ impl<B: AutodiffBackend> StepLosses<'_, B> {
         let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
         let sigma = self.schedule.sigmas[k] * 1000.0;
         let x = Tensor::<B, 4>::from_inner(x_inner.clone());
-        let guide = Guidance::new(&lift::<B>(&c), &lift::<B>(&u), ro.guidance, b, 1)?;
-        let v = guide.velocity(model, x.clone(), Tensor::full([b], sigma, &device))?;
+        let v = micro.guide.velocity(model, x.clone(), Tensor::full([b], sigma, &device))?;
         let step = ro.sampler.step(x, v, &self.schedule, k, ro.noise_level)?;
         let (pg, mut stats) =
             policy_loss(step.log_prob(x_next)?, old, adv, obj.clip_range, obj.adv_clip_max);
         if obj.kl_beta == 0.0 {
             return Ok((pg, stats));
         }
-        let guide_ref = Guidance::new(&c, &u, ro.guidance, b, 1)?;
         let t_ref = Tensor::full([b], sigma, &x_inner.device());
-        let v_ref = guide_ref.velocity(&self.reference, x_inner.clone(), t_ref)?;
+        let v_ref = micro.guide_ref.velocity(&self.reference, x_inner.clone(), t_ref)?;
         let ref_step = ro.sampler.step(x_inner, v_ref, &self.schedule, k, ro.noise_level)?;
         let std = Tensor::full([b], step.std, &device);
         let kl = kl_penalty(step.mean, Tensor::from_inner(ref_step.mean), std);
