@@ -19,8 +19,8 @@ use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::image::Image;
 use tpgrpo::reward::Prompt;
 use tpgrpo::rng::SplitMix64;
-use tpgrpo::sampler::{ode_completions, seeded_noise, FlowSchedule};
-use tpgrpo::toy::scorer::{detect, score_scene, Checks};
+use tpgrpo::sampler::{ode_sample, seeded_noise, FlowSchedule};
+use tpgrpo::toy::scorer::{score_and_check, Checks};
 use tpgrpo::toy::{self, prompts, render, Scene, Split, ToyModel};
 
 /// Command-line options.
@@ -167,16 +167,8 @@ fn evaluate(
     let seeds: Vec<u64> = (0..eval.len() as u64).collect();
     let noise = seeded_noise::<Backend>(&seeds, 0, [3, toy::IMAGE_SIZE, toy::IMAGE_SIZE], device);
     let schedule = FlowSchedule::new(40, 3.0)?;
-    let (out, _) =
-        ode_completions(&model.transformer, &schedule, &[(0, noise)], &cond, &uncond, 4.5)?;
-    let images = toy::latents_to_images(out[0].clone())?;
-    // `ToyScorer`'s score and the checks, from one detection per image.
-    let mut checks = Checks::default();
-    let mut scores = Vec::with_capacity(eval.len());
-    for (image, prompt) in images.iter().zip(eval) {
-        let (scene, found) = (Scene::from_prompt(prompt)?, detect(image));
-        scores.push(score_scene(&scene, &found));
-        checks = checks + Checks::of(&scene, &found);
-    }
+    let out = ode_sample(&model.transformer, &schedule, noise, &cond, &uncond, 4.5)?;
+    let images = toy::latents_to_images(out)?;
+    let (scores, checks) = score_and_check(&images, eval)?;
     Ok((images, scores, checks))
 }

@@ -254,6 +254,18 @@ impl Reward for ToyScorer {
     }
 }
 
+/// [`ToyScorer`]'s score of each image against its prompt and the summed [`Checks`], from
+/// one detection per image.
+pub fn score_and_check(images: &[Image], prompts: &[Prompt]) -> Result<(Vec<f64>, Checks)> {
+    let (mut scores, mut checks) = (Vec::with_capacity(images.len()), Checks::default());
+    for (image, prompt) in images.iter().zip(prompts) {
+        let (scene, found) = (Scene::from_prompt(prompt)?, detect(image));
+        scores.push(score_scene(&scene, &found));
+        checks = checks + Checks::of(&scene, &found);
+    }
+    Ok((scores, checks))
+}
+
 /// The toy task's evaluation [`Report`], whatever reward trains: the rule-based score
 /// (`toy_geneval`, the mean [`score_scene`]) and the pass rates of the [`Checks`]
 /// (`check_color`, `check_count`, `check_shape`, `check_relation`), from one detection per
@@ -263,12 +275,8 @@ pub struct ToyChecks;
 
 impl Report for ToyChecks {
     fn tally(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<(String, f64, f64)>> {
-        let (mut score, mut checks) = (0.0, Checks::default());
-        for (image, prompt) in images.iter().zip(prompts) {
-            let (scene, found) = (Scene::from_prompt(prompt)?, detect(image));
-            score += score_scene(&scene, &found);
-            checks = checks + Checks::of(&scene, &found);
-        }
+        let (scores, checks) = score_and_check(images, prompts)?;
+        let score: f64 = scores.iter().sum();
         let rate = |name: &str, (passed, made): (usize, usize)| {
             (name.to_string(), passed as f64, made as f64)
         };
