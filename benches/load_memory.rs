@@ -29,7 +29,7 @@ fn peak_rss() -> u64 {
 
 /// Loads `part` of `dir` and returns its parameter count.
 fn load(dir: &Path, part: &str) -> tpgrpo::Result<usize> {
-    let device = backend::device();
+    let device = backend::init().expect("kernel cache settings");
     Ok(match part {
         "transformer" => MMDiT::<Backend>::load(dir.join(part), &device)?.num_params(),
         "text_encoder" | "text_encoder_2" => {

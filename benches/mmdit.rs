@@ -1,20 +1,60 @@
-//! MMDiT forward and forward+backward time per iteration on the selected backend.
+//! MMDiT forward and LoRA forward+backward time on the selected backend: the first call (JIT
+//! compilation and autotuning on the GPU backends) and the median of later calls.
 //!
-//! Preset: 4 blocks, 4 heads x 64 (D = 256), dual attention on blocks 0-1, qk-norm,
-//! latent 16x32x32 (256 image tokens), 64 text tokens of width 256, pooled 128, position grid 32,
-//! batch 2. `benches/torch_mmdit.py` measures diffusers on the same configuration.
+//! `cargo bench --bench mmdit -- [SIZE] [BATCH]` with `SIZE`:
+//! - `preset` (default): 4 blocks, 4 heads x 64 (D = 256), dual attention on blocks 0-1,
+//!   qk-norm, latent 16x32x32 (256 image tokens), 64 text tokens of width 256, pooled 128,
+//!   batch 2;
+//! - `sd35-medium`: SD3.5-medium's transformer (24 blocks, D = 1536, MMDiT-X) at 512 px
+//!   (latent 16x64x64, 1024 image tokens), 333 text tokens (77 CLIP + 256 T5), batch 2.
 //!
-//! `cargo bench --bench mmdit` (`BENCH_ITERS` sets the timed iterations, default 10).
+//! Random weights; LoRA rank 32 on the default targets, gradients of the adapters only.
+//! `BENCH_ITERS` sets the timed iterations (default 10). `benches/torch_mmdit.py` measures
+//! diffusers on the same shapes.
 
 use std::time::{Duration, Instant};
 
+use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::model::MMDiT;
+use tpgrpo::backend::{self, TrainBackend};
+use tpgrpo::model::{LoraConfig, MMDiT, MMDiTConfig};
 
 mod common;
 use common::bench_config;
+
+/// A configuration and its input shapes: latent `[C, H, W]`, text tokens and width, pooled width.
+struct Size {
+    config: MMDiTConfig,
+    latent: [usize; 3],
+    text: [usize; 2],
+    pooled: usize,
+}
+
+fn size(name: &str) -> Size {
+    match name {
+        "sd35-medium" => Size {
+            config: MMDiTConfig::new()
+                .with_sample_size(128)
+                .with_num_layers(24)
+                .with_num_attention_heads(24)
+                .with_attention_head_dim(64)
+                .with_joint_attention_dim(4096)
+                .with_caption_projection_dim(1536)
+                .with_pooled_projection_dim(2048)
+                .with_pos_embed_max_size(384)
+                .with_dual_attention_layers((0..=12).collect())
+                .with_qk_norm(Some("rms_norm".into())),
+            latent: [16, 64, 64],
+            text: [333, 4096],
+            pooled: 2048,
+        },
+        "preset" => {
+            Size { config: bench_config(), latent: [16, 32, 32], text: [64, 256], pooled: 128 }
+        }
+        other => panic!("unknown size {other:?} (known: preset, sd35-medium)"),
+    }
+}
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,
@@ -23,13 +63,14 @@ struct Inputs<B: burn::prelude::Backend> {
     pooled: Tensor<B, 2>,
 }
 
-fn inputs<B: burn::prelude::Backend>(device: &B::Device) -> Inputs<B> {
+fn inputs<B: burn::prelude::Backend>(s: &Size, batch: usize, device: &B::Device) -> Inputs<B> {
     let n = Distribution::Normal(0.0, 1.0);
+    let [c, h, w] = s.latent;
     Inputs {
-        latent: Tensor::random([2, 16, 32, 32], n, device),
-        timestep: Tensor::from_floats([1000.0, 464.88], device),
-        text: Tensor::random([2, 64, 256], n, device),
-        pooled: Tensor::random([2, 128], n, device),
+        latent: Tensor::random([batch, c, h, w], n, device),
+        timestep: Tensor::full([batch], 464.88, device),
+        text: Tensor::random([batch, s.text[0], s.text[1]], n, device),
+        pooled: Tensor::random([batch, s.pooled], n, device),
     }
 }
 
@@ -39,46 +80,48 @@ fn forward<B: burn::prelude::Backend>(model: &MMDiT<B>, x: &Inputs<B>) -> Tensor
         .expect("valid inputs")
 }
 
-/// Times `f` (one warm-up call), returning the median and mean of `iters` calls.
+/// The first call's time, then the median of `iters` more.
 fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
-    f();
-    let mut times: Vec<Duration> = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
+    let mut once = || {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    };
+    let first = once();
+    let mut times: Vec<Duration> = (0..iters).map(|_| once()).collect();
     times.sort();
-    (times[iters / 2], times.iter().sum::<Duration>() / iters as u32)
+    (first, times[iters / 2])
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let name = args.first().map(String::as_str).unwrap_or("preset");
+    let batch: usize = args.get(1).map(|b| b.parse().expect("BATCH is a number")).unwrap_or(2);
     let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
-    let device = backend::device();
-    let config = bench_config();
+    let device = backend::init().expect("kernel cache settings");
+    let s = size(name);
 
-    let model: MMDiT<Backend> = config.init(&device).expect("valid config");
-    let x = inputs::<Backend>(&device);
-    let (fwd_median, fwd_mean) = time(iters, || {
-        let _ = forward(&model, &x).into_data();
+    let model: MMDiT<TrainBackend> = s.config.init(&device).expect("valid config");
+    let lora = model.clone().with_lora(&LoraConfig::new().with_rank(32)).expect("valid LoRA");
+    let params = model.num_params();
+    let frozen = model.valid();
+    let x = inputs(&s, batch, &device);
+    let (fwd_first, fwd) = time(iters, || {
+        let _ = forward(&frozen, &x).into_data();
     });
-
-    let model: MMDiT<TrainBackend> = config.init(&device).expect("valid config");
-    let x = inputs::<TrainBackend>(&device);
-    let (bwd_median, bwd_mean) = time(iters, || {
-        let loss = forward(&model, &x).powf_scalar(2.0).mean();
+    let x = inputs::<TrainBackend>(&s, batch, &device);
+    let (bwd_first, bwd) = time(iters, || {
+        let loss = forward(&lora, &x).powf_scalar(2.0).mean();
         let grads = loss.backward();
         drop(grads);
     });
 
     println!(
-        "mmdit bench ({}, {iters} iterations, {} parameters)",
-        backend::NAME,
-        model.num_params()
+        "mmdit bench: {name}, batch {batch}, {} backend, {iters} iterations, {params} parameters",
+        backend::NAME
     );
-    println!("forward           median {:8.1} ms   mean {:8.1} ms", ms(fwd_median), ms(fwd_mean));
-    println!("forward+backward  median {:8.1} ms   mean {:8.1} ms", ms(bwd_median), ms(bwd_mean));
+    println!("forward                first {:9.1} ms   median {:8.1} ms", ms(fwd_first), ms(fwd));
+    println!("LoRA forward+backward  first {:9.1} ms   median {:8.1} ms", ms(bwd_first), ms(bwd));
 }
 
 fn ms(d: Duration) -> f64 {

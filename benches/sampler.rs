@@ -15,7 +15,7 @@ mod common;
 
 fn main() {
     let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let device = backend::device();
+    let device = backend::init().expect("kernel cache settings");
     let model: MMDiT<Backend> = common::bench_config().init(&device).expect("valid config");
     let batch = 8;
     let n = Distribution::Normal(0.0, 1.0);

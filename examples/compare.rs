@@ -51,7 +51,7 @@ struct Run {
 }
 
 fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
-    let device = backend::device();
+    let device = backend::init()?;
     let sets: Vec<String> =
         [format!("objective.objective={objective}"), format!("seed={seed}"), "save_every=0".into()]
             .into_iter()

@@ -67,7 +67,7 @@ fn lr_at(step: usize, total: usize, peak: f64) -> f64 {
 }
 
 fn run(args: Args) -> tpgrpo::Result<()> {
-    let device = backend::device();
+    let device = backend::init()?;
     <Backend as burn::tensor::backend::Backend>::seed(&device, args.seed);
     let mut model: ToyModel<TrainBackend> =
         if args.resume { ToyModel::load(&args.out, &device)? } else { ToyModel::init(&device)? };

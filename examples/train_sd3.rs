@@ -83,7 +83,7 @@ fn print_epoch(m: &EpochMetrics) {
 }
 
 fn run(args: Args) -> tpgrpo::Result<()> {
-    let device = backend::device();
+    let device = backend::init()?;
     let objective = format!("objective.objective={}", args.objective);
     let sets: Vec<String> = std::iter::once(objective).chain(args.sets.iter().cloned()).collect();
     if let Some(dir) = &args.model {

@@ -3,12 +3,15 @@
 //! `cuda` wins over `wgpu`, which wins over the default `ndarray` (CPU). Everything else in the
 //! crate is generic over `B: Backend`; binaries and examples use these aliases.
 
+use std::path::{Path, PathBuf};
+
 #[cfg(feature = "cuda")]
 mod selected {
     /// The inference backend selected by the `cuda` feature.
     pub type Backend = burn::backend::Cuda;
     /// Human-readable name of the selected backend.
     pub const NAME: &str = "cuda";
+    pub use super::cubecl_cache::use_kernel_cache;
 }
 
 #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
@@ -17,6 +20,7 @@ mod selected {
     pub type Backend = burn::backend::Wgpu;
     /// Human-readable name of the selected backend.
     pub const NAME: &str = "wgpu";
+    pub use super::cubecl_cache::use_kernel_cache;
 }
 
 #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
@@ -25,9 +29,58 @@ mod selected {
     pub type Backend = burn::backend::NdArray;
     /// Human-readable name of the selected backend.
     pub const NAME: &str = "ndarray";
+
+    /// NdArray compiles nothing: no cache.
+    pub fn use_kernel_cache(_dir: &std::path::Path) -> crate::Result<Option<std::path::PathBuf>> {
+        Ok(None)
+    }
 }
 
 pub use selected::{Backend, NAME};
+
+/// The folder of the persistent kernel caches: `$TPGRPO_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/tpgrpo`, else `$HOME/.cache/tpgrpo`, else `.tpgrpo-cache` in the working folder.
+pub fn cache_dir() -> PathBuf {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("TPGRPO_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("tpgrpo")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("tpgrpo")))
+        .unwrap_or_else(|| PathBuf::from(".tpgrpo-cache"))
+}
+
+/// Keeps CubeCL's autotune results and compiled kernels (CUDA's PTX; wgpu recompiles each run)
+/// under `dir`, so that a second run starts warm; call it before the first tensor operation.
+/// The other settings come from a `cubecl.toml` and `CUBECL_*` variables as CubeCL reads them,
+/// and a cache folder set there wins. Returns the autotune cache folder; `None` on the CPU
+/// backend, which compiles and tunes nothing.
+pub fn use_kernel_cache(dir: &Path) -> crate::Result<Option<PathBuf>> {
+    selected::use_kernel_cache(dir)
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cubecl_cache {
+    use std::path::{Path, PathBuf};
+
+    use cubecl_runtime::config::cache::CacheConfig;
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
+
+    pub fn use_kernel_cache(dir: &Path) -> crate::Result<Option<PathBuf>> {
+        if CubeClRuntimeConfig::storage().lock().is_some() {
+            return Err(crate::Error::config(
+                "kernel cache",
+                "CubeCL's settings were read before the cache folder was set; set it first",
+            ));
+        }
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        if matches!(config.autotune.cache, CacheConfig::Target) {
+            config.autotune.cache = CacheConfig::File(dir.to_path_buf());
+        }
+        config.compilation.cache.get_or_insert(CacheConfig::File(dir.to_path_buf()));
+        let root = config.autotune.cache.root();
+        CubeClRuntimeConfig::set(config);
+        Ok(Some(root))
+    }
+}
 
 /// The training backend: the selected backend with reverse-mode autodiff.
 pub type TrainBackend = burn::backend::Autodiff<Backend>;
@@ -38,4 +91,11 @@ pub type Device = burn::tensor::Device<Backend>;
 /// The default device of the selected backend (first GPU, or the CPU).
 pub fn device() -> Device {
     Device::default()
+}
+
+/// What binaries call first: the kernel caches in [`cache_dir`] ([`use_kernel_cache`]), then
+/// the default device.
+pub fn init() -> crate::Result<Device> {
+    use_kernel_cache(&cache_dir())?;
+    Ok(device())
 }

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod doctor;
 pub mod error;
 pub mod grpo;
 pub mod image;

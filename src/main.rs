@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use tpgrpo::backend::{self, Backend};
+use tpgrpo::backend::{self, Backend, TrainBackend};
+use tpgrpo::doctor::DoctorConfig;
 use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::Error;
@@ -61,6 +62,16 @@ enum Command {
         #[arg(long, default_value = "img.png")]
         out: PathBuf,
     },
+    /// Check the selected backend stage by stage (device, matmul, element-wise, attention, toy
+    /// forward, LoRA backward, one toy epoch), printing each stage's time as it goes.
+    Doctor {
+        /// Seconds after which the watchdog names the stage still running.
+        #[arg(long, default_value_t = 30)]
+        stall_secs: u64,
+        /// Skip the toy training epoch.
+        #[arg(long)]
+        no_epoch: bool,
+    },
 }
 
 fn main() {
@@ -87,6 +98,7 @@ fn main() {
                 .with_negative_prompt(negative_prompt);
             sample(&model, &prompt, seed, max_sequence_length, &config, &out)
         }
+        Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -117,10 +129,24 @@ fn sample(
     config: &SampleConfig,
     out: &std::path::Path,
 ) -> tpgrpo::Result<()> {
-    let device = backend::device();
+    let device = backend::init()?;
     let pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
     let images = pipe.generate(&[prompt], &[seed], config)?;
     tpgrpo::image::save_png(out, &images[0])?;
     println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
+    Ok(())
+}
+
+fn doctor(stall_secs: u64, epoch: bool) -> tpgrpo::Result<()> {
+    let config = DoctorConfig::new().with_stall_secs(stall_secs).with_epoch(epoch);
+    let cache = match backend::use_kernel_cache(&backend::cache_dir())? {
+        Some(dir) => dir.display().to_string(),
+        None => "none (the CPU backend compiles nothing)".to_string(),
+    };
+    let device = backend::device();
+    println!("tpgrpo doctor: backend {}, kernel and autotune cache {cache}", backend::NAME);
+    let stages = tpgrpo::doctor::run::<TrainBackend>(&config, &device, &mut std::io::stdout())?;
+    let total: f64 = stages.iter().map(|s| s.seconds).sum();
+    println!("all {} stages passed in {total:.1} s", stages.len());
     Ok(())
 }

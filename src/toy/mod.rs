@@ -28,9 +28,16 @@ pub use text::ToyTextEncoder;
 /// Text encoder weight file inside the toy model folder.
 pub const TEXT_ENCODER_FILE: &str = "text_encoder.safetensors";
 
-/// The shipped toy model folder (`models/toy` of this crate).
+/// The shipped toy model folder: `models/toy` of this crate's source tree, or, for a binary
+/// copied away from it (a GPU machine), `models/toy` under the working folder when the
+/// source tree is not there. Loading names the first path when neither exists.
 pub fn default_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join("toy")
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join("toy");
+    let local = Path::new("models").join("toy");
+    if !source.exists() && local.exists() {
+        return local;
+    }
+    source
 }
 
 /// The toy transformer's configuration: SD3.5-style blocks (qk RMSNorm), width 64, 4 blocks,

@@ -1,0 +1,345 @@
+//! `tpgrpo doctor`: a staged self-check of the selected backend. Each stage runs a kernel family
+//! on the device, checks its result against a host reference where one is cheap, and prints its
+//! time as it goes; a watchdog thread names the stage still running every `stall_secs` seconds,
+//! so a first call that hangs in JIT compilation or autotuning says where it hangs.
+
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::error::Error;
+use crate::model::attention::{attend, Scores};
+use crate::model::LoraConfig;
+use crate::rng::SplitMix64;
+use crate::toy::{self, ToyModel};
+
+/// The doctor's settings.
+#[derive(Config, Debug)]
+pub struct DoctorConfig {
+    /// Seconds after which the watchdog names the stage still running (and again every as many).
+    #[config(default = 30)]
+    pub stall_secs: u64,
+    /// Run the last stage, one toy training epoch (the slowest).
+    #[config(default = true)]
+    pub epoch: bool,
+    /// Batch of the toy forward and LoRA stages (the toy preset's rollout batch with CFG).
+    #[config(default = 32)]
+    pub batch: usize,
+}
+
+/// One finished stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// The stage's name.
+    pub name: String,
+    /// Wall-clock seconds, results read back to the host.
+    pub seconds: f64,
+    /// What the stage checked, for the report.
+    pub detail: String,
+}
+
+/// Prints "still running" lines for the current stage from a background thread.
+struct Watchdog {
+    tx: Sender<Option<String>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog thread with period `stall`, handing each "still running" line to
+    /// `report`.
+    fn start(stall: Duration, report: impl Fn(String) + Send + 'static) -> Self {
+        let (tx, rx) = channel::<Option<String>>();
+        let thread = std::thread::spawn(move || {
+            let mut current: Option<(String, Instant)> = None;
+            let mut next = stall;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(Some(name)) => (current, next) = (Some((name, Instant::now())), stall),
+                    Ok(None) => current = None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+                if let Some((name, start)) = &current {
+                    if start.elapsed() >= next {
+                        report(format!("  ... still in '{name}' after {} s", next.as_secs()));
+                        next += stall;
+                    }
+                }
+            }
+        });
+        Watchdog { tx, thread: Some(thread) }
+    }
+
+    /// Marks the start (`Some`) or end (`None`) of a stage.
+    fn mark(&self, stage: Option<&str>) {
+        // The thread only exits when the sender is dropped, so the send cannot fail.
+        let _ = self.tx.send(stage.map(str::to_string));
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (tx, _) = channel();
+        drop(std::mem::replace(&mut self.tx, tx));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs the stages in order on `device`, printing each to `out`, and returns their times; stops
+/// at the first failed check or panic with an error naming the stage.
+pub fn run<B: AutodiffBackend>(
+    config: &DoctorConfig,
+    device: &B::Device,
+    out: &mut dyn Write,
+) -> crate::Result<Vec<Stage>> {
+    let stall = Duration::from_secs(config.stall_secs.max(1));
+    let watchdog = Watchdog::start(stall, |line| println!("{line}"));
+    let mut stages = Vec::new();
+    let mut stage =
+        |name: &str, f: &mut dyn FnMut() -> crate::Result<String>| -> crate::Result<()> {
+            watchdog.mark(Some(name));
+            let start = Instant::now();
+            let result = catch_unwind(AssertUnwindSafe(&mut *f));
+            let seconds = start.elapsed().as_secs_f64();
+            watchdog.mark(None);
+            let detail = match result {
+                Ok(Ok(detail)) => detail,
+                Ok(Err(e)) => return fail(out, name, seconds, e.to_string()),
+                Err(panic) => return fail(out, name, seconds, panic_message(panic.as_ref())),
+            };
+            let _ = writeln!(out, "{name:<32}{seconds:9.3} s  {detail}");
+            let _ = out.flush();
+            stages.push(Stage { name: name.to_string(), seconds, detail });
+            Ok(())
+        };
+    let inner = <B::InnerBackend as burn::tensor::backend::Backend>::name(device);
+    stage("backend and device", &mut || {
+        let sum = Tensor::<B::InnerBackend, 1>::from_floats([1.0, 2.0, 3.0], device).sum();
+        expect_close("sum of [1, 2, 3]", &[sum.into_scalar().elem::<f64>()], &[6.0], 0.0)?;
+        Ok(format!("{inner} on {device:?}"))
+    })?;
+    stage("matmul 256x256 (first call)", &mut || check_matmul::<B::InnerBackend>(256, device))?;
+    stage("matmul 256x256 (second call)", &mut || check_matmul::<B::InnerBackend>(256, device))?;
+    stage("element-wise exp, mul, add", &mut || check_elementwise::<B::InnerBackend>(device))?;
+    stage("attention 2x2x64x32", &mut || check_attention::<B::InnerBackend>(device))?;
+    let model: ToyModel<B> = ToyModel::load(toy::default_dir(), device)?;
+    let policy = model.transformer.valid();
+    let batch = config.batch;
+    stage("toy forward (first call)", &mut || toy_forward(&policy, batch, device))?;
+    stage("toy forward (second call)", &mut || toy_forward(&policy, batch, device))?;
+    let lora = model.transformer.clone().with_lora(&LoraConfig::new())?;
+    stage("LoRA forward+backward (first)", &mut || lora_backward(&lora, batch, device))?;
+    stage("LoRA forward+backward (second)", &mut || lora_backward(&lora, batch, device))?;
+    if config.epoch {
+        stage("toy epoch (8 prompts x 8)", &mut || toy_epoch::<B>(device))?;
+    }
+    Ok(stages)
+}
+
+fn fail(out: &mut dyn Write, stage: &str, seconds: f64, message: String) -> crate::Result<()> {
+    let _ = writeln!(out, "{stage:<32}{seconds:9.3} s  FAILED");
+    Err(Error::config("doctor", format!("stage '{stage}' failed: {message}")))
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => format!("panic: {s}"),
+        (_, Some(s)) => format!("panic: {s}"),
+        _ => "panic".to_string(),
+    }
+}
+
+/// `Ok` when every `got[i]` is within `tol * (1 + |want[i]|)` of `want[i]`.
+fn expect_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> crate::Result<()> {
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+        .fold(0.0f64, |a, e| if e.is_nan() { f64::INFINITY } else { a.max(e) });
+    if got.len() != want.len() || worst > tol {
+        return Err(Error::config(
+            "doctor",
+            format!("{what}: relative error {worst:.2e} above {tol:.0e} against the host"),
+        ));
+    }
+    Ok(())
+}
+
+/// Uniform values in `[-1, 1)` from `seed`.
+fn host_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = SplitMix64(seed);
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
+}
+
+fn to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> crate::Result<Vec<f64>> {
+    let data = t.into_data().convert::<f64>();
+    data.to_vec::<f64>().map_err(|e| Error::config("doctor", format!("reading back: {e:?}")))
+}
+
+/// `A B` of `n x n` matrices against the host product.
+fn check_matmul<B: Backend>(n: usize, device: &B::Device) -> crate::Result<String> {
+    let (a, b) = (host_values(n * n, 1), host_values(n * n, 2));
+    let ta = Tensor::<B, 1>::from_floats(a.as_slice(), device).reshape([n, n]);
+    let tb = Tensor::<B, 1>::from_floats(b.as_slice(), device).reshape([n, n]);
+    let got = to_host(ta.matmul(tb))?;
+    let want: Vec<f64> = (0..n * n)
+        .map(|ij| (0..n).map(|k| a[ij / n * n + k] as f64 * b[k * n + ij % n] as f64).sum())
+        .collect();
+    expect_close("matmul", &got, &want, 1e-2)?;
+    Ok(format!("{n}x{n} product matches the host"))
+}
+
+/// `2 exp(x) + x` on a million values against the host.
+fn check_elementwise<B: Backend>(device: &B::Device) -> crate::Result<String> {
+    let x = host_values(1 << 20, 3);
+    let t = Tensor::<B, 1>::from_floats(x.as_slice(), device);
+    let got = to_host(t.clone().exp().mul_scalar(2.0).add(t))?;
+    let want: Vec<f64> = x.iter().map(|&v| 2.0 * (v as f64).exp() + v as f64).collect();
+    expect_close("2 exp(x) + x", &got, &want, 1e-3)?;
+    Ok("2^20 values match the host".to_string())
+}
+
+/// [`attend`] on `[2, 2, 64, 32]` against a host softmax attention.
+fn check_attention<B: Backend>(device: &B::Device) -> crate::Result<String> {
+    let (heads, n, dh) = (4usize, 64usize, 32usize);
+    let [q, k, v] = [4u64, 5, 6].map(|s| host_values(heads * n * dh, s));
+    let t = |x: &[f32]| Tensor::<B, 1>::from_floats(x, device).reshape([2, 2, n, dh]);
+    let got = to_host(attend(t(&q), t(&k), t(&v), None, Scores::default()))?;
+    let scale = 1.0 / (dh as f64).sqrt();
+    let mut want = vec![0.0; heads * n * dh];
+    for h in 0..heads {
+        let at = |x: &[f32], i: usize, d: usize| x[(h * n + i) * dh + d] as f64;
+        for i in 0..n {
+            let s: Vec<f64> = (0..n)
+                .map(|j| scale * (0..dh).map(|d| at(&q, i, d) * at(&k, j, d)).sum::<f64>())
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..dh {
+                want[(h * n + i) * dh + d] = (0..n).map(|j| e[j] / z * at(&v, j, d)).sum();
+            }
+        }
+    }
+    expect_close("attention", &got, &want, 1e-3)?;
+    Ok("softmax(q k^T / sqrt(d)) v matches the host".to_string())
+}
+
+/// Random toy-shaped inputs of `batch` rows (8 text tokens).
+fn toy_inputs<B: Backend>(
+    batch: usize,
+    device: &B::Device,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 3>, Tensor<B, 2>) {
+    let (c, s) = (toy::toy_config(), toy::IMAGE_SIZE);
+    (
+        random([batch, c.in_channels, s, s], 7, device),
+        Tensor::full([batch], 500.0, device),
+        random([batch, 8, c.joint_attention_dim], 8, device),
+        random([batch, c.pooled_projection_dim], 9, device),
+    )
+}
+
+/// A tensor of [`host_values`].
+fn random<B: Backend, const D: usize>(
+    dims: [usize; D],
+    seed: u64,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let values = host_values(dims.iter().product(), seed);
+    Tensor::<B, 1>::from_floats(values.as_slice(), device).reshape(dims)
+}
+
+fn toy_forward<B: Backend>(
+    model: &crate::model::MMDiT<B>,
+    batch: usize,
+    device: &B::Device,
+) -> crate::Result<String> {
+    let (x, t, text, pooled) = toy_inputs::<B>(batch, device);
+    let v = to_host(model.forward(x, t, text, pooled)?)?;
+    finite("toy velocity", &v)?;
+    Ok(format!("batch {batch}, {} finite outputs", v.len()))
+}
+
+fn lora_backward<B: AutodiffBackend>(
+    model: &crate::model::MMDiT<B>,
+    batch: usize,
+    device: &B::Device,
+) -> crate::Result<String> {
+    let (x, t, text, pooled) = toy_inputs::<B>(batch, device);
+    let loss = model.forward(x, t, text, pooled)?.powf_scalar(2.0).mean();
+    let grads = loss.backward();
+    let adapters = model.adapters();
+    let mut norm = 0.0;
+    for (_, a) in &adapters {
+        for p in [&a.lora_a, &a.lora_b] {
+            if let Some(g) = p.val().grad(&grads) {
+                norm += to_host(g.powf_scalar(2.0).sum())?[0];
+            }
+        }
+    }
+    finite("LoRA gradient norm", &[norm])?;
+    Ok(format!("{} adapters, |grad| = {:.3e}", adapters.len(), norm.sqrt()))
+}
+
+fn finite(what: &str, values: &[f64]) -> crate::Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::config("doctor", format!("{what}: value {i} is {}", values[i]))),
+        None => Ok(()),
+    }
+}
+
+/// One epoch of the toy preset (no evaluation, no checkpoint) in a scratch folder.
+fn toy_epoch<B: AutodiffBackend>(device: &B::Device) -> crate::Result<String> {
+    let dir = std::env::temp_dir().join(format!("tpgrpo-doctor-{}", std::process::id()));
+    let config = toy::train_config().with_epochs(1).with_eval_every(0).with_save_every(0);
+    let mut trainer = toy::trainer::<B>(config, toy::reward("toy-alignment")?, &dir, device)?;
+    let result = trainer.run_epoch(&indicatif::ProgressBar::hidden());
+    remove_scratch(&dir);
+    let m = result?;
+    Ok(format!("reward {:.4}, {} turning points", m.reward_mean, m.credit.turning_points))
+}
+
+fn remove_scratch(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_names_the_stalled_stage_once_per_period_and_stops_after_it() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let dog = Watchdog::start(Duration::from_millis(1000), move |l| {
+            let _ = tx.lock().map(|t| t.send(l));
+        });
+        dog.mark(Some("slow stage"));
+        std::thread::sleep(Duration::from_millis(2500));
+        dog.mark(None);
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(dog);
+        let lines: Vec<String> = rx.try_iter().collect();
+        assert_eq!(
+            lines,
+            ["  ... still in 'slow stage' after 1 s", "  ... still in 'slow stage' after 2 s"]
+        );
+    }
+
+    #[test]
+    fn host_comparison_rejects_large_errors_and_nan() {
+        assert!(expect_close("x", &[1.0, 2.0], &[1.0, 2.0 + 1e-6], 1e-5).is_ok());
+        assert!(expect_close("x", &[1.0, 2.1], &[1.0, 2.0], 1e-2).is_err());
+        assert!(expect_close("x", &[f64::NAN], &[0.0], 1.0).is_err());
+        assert!(expect_close("x", &[1.0], &[1.0, 2.0], 1.0).is_err());
+    }
+}
