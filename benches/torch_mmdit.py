@@ -86,9 +86,6 @@ def main():
     targets = [f"attn.{m}" for m in ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj",
                                       "add_k_proj", "add_v_proj", "to_add_out"]]
     model.add_adapter(LoraConfig(r=32, lora_alpha=32, target_modules=targets))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.data = p.data.float() if args.dtype != "bf16" else p.data
 
     def fwd_bwd():
         model.zero_grad(set_to_none=True)
