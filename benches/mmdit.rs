@@ -1,12 +1,15 @@
 //! MMDiT forward and LoRA forward+backward time on the selected backend: the first call (JIT
 //! compilation and autotuning on the GPU backends) and the median of later calls.
 //!
-//! `cargo bench --bench mmdit -- [SIZE] [BATCH]` with `SIZE`:
+//! `cargo bench --bench mmdit -- [SIZE] [BATCH] [PRECISION]` with `SIZE`:
 //! - `preset` (default): 4 blocks, 4 heads x 64 (D = 256), dual attention on blocks 0-1,
 //!   qk-norm, latent 16x32x32 (256 image tokens), 64 text tokens of width 256, pooled 128,
 //!   batch 2;
 //! - `sd35-medium`: SD3.5-medium's transformer (24 blocks, D = 1536, MMDiT-X) at 512 px
 //!   (latent 16x64x64, 1024 image tokens), 333 text tokens (77 CLIP + 256 T5), batch 2.
+//!
+//! `PRECISION`: `f32` (default) or `bf16` base weights and activations (adapters stay f32, as in
+//! training; `bf16` is an error where the backend has none).
 //!
 //! Random weights; LoRA rank 32 on the default targets, gradients of the adapters only.
 //! `BENCH_ITERS` sets the timed iterations (default 10). `benches/torch_mmdit.py` measures
@@ -18,7 +21,8 @@ use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::model::{LoraConfig, MMDiT, MMDiTConfig};
+use tpgrpo::model::precision::{cast_params, dtype_name};
+use tpgrpo::model::{LoraConfig, MMDiT, MMDiTConfig, Precision};
 
 mod common;
 use common::bench_config;
@@ -97,11 +101,15 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let name = args.first().map(String::as_str).unwrap_or("preset");
     let batch: usize = args.get(1).map(|b| b.parse().expect("BATCH is a number")).unwrap_or(2);
+    let precision: Precision =
+        args.get(2).map(|p| p.parse().expect("PRECISION is f32 or bf16")).unwrap_or(Precision::F32);
     let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let device = backend::init().expect("kernel cache settings");
     let s = size(name);
 
+    let dtype = precision.resolve::<backend::Backend>(&device).expect("precision");
     let model: MMDiT<TrainBackend> = s.config.init(&device).expect("valid config");
+    let model = cast_params(model, dtype);
     let lora = model.clone().with_lora(&LoraConfig::new().with_rank(32)).expect("valid LoRA");
     let params = model.num_params();
     let frozen = model.valid();
@@ -117,8 +125,10 @@ fn main() {
     });
 
     println!(
-        "mmdit bench: {name}, batch {batch}, {} backend, {iters} iterations, {params} parameters",
-        backend::NAME
+        "mmdit bench: {name}, batch {batch}, {} backend, {}, {iters} iterations, {params} \
+         parameters",
+        backend::NAME,
+        dtype_name(dtype)
     );
     println!("forward                first {:9.1} ms   median {:8.1} ms", ms(fwd_first), ms(fwd));
     println!("LoRA forward+backward  first {:9.1} ms   median {:8.1} ms", ms(bwd_first), ms(bwd));

@@ -39,8 +39,8 @@ struct Args {
     /// Seed of prompts, layouts, noise and initialisation.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Output folder.
-    #[arg(long, default_value = "models/toy")]
+    /// Output folder (required: the shipped model is only replaced when named, `--out models/toy`).
+    #[arg(long)]
     out: PathBuf,
     /// Continue from the weights in `--out` instead of a fresh initialisation.
     #[arg(long)]
@@ -67,6 +67,12 @@ fn lr_at(step: usize, total: usize, peak: f64) -> f64 {
 }
 
 fn run(args: Args) -> tpgrpo::Result<()> {
+    if args.batch == 0 {
+        return Err(tpgrpo::Error::config("batch", "must be at least 1"));
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(tpgrpo::Error::config("lr", format!("{} is not a positive number", args.lr)));
+    }
     let device = backend::init()?;
     <Backend as burn::tensor::backend::Backend>::seed(&device, args.seed);
     let mut model: ToyModel<TrainBackend> =
@@ -105,6 +111,13 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let v = model.transformer.forward(xt, sigma * 1000.0, cond.text, cond.pooled)?;
         let loss = (v - (eps - x0)).square().mean();
         let value: f32 = loss.clone().into_scalar().elem();
+        if !value.is_finite() {
+            return Err(tpgrpo::Error::NonFinite {
+                what: format!("flow-matching loss at step {step} (nothing saved)"),
+                count: 1,
+                total: 1,
+            });
+        }
         running = if step == 0 { value } else { 0.98 * running + 0.02 * value };
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr_at(step, args.steps, args.lr), model, grads);

@@ -11,10 +11,11 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
+use tpgrpo::model::precision::dtype_name;
 use tpgrpo::model::MMDiT;
-use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
+use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::toy::{self, ToyChecks};
-use tpgrpo::train::{noise_scale, EpochMetrics, Task, TrainConfig, Trainer};
+use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -39,8 +40,11 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue from the latest checkpoint in the output folder.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Replace the run in the output folder (its metrics, checkpoints, samples and curve).
+    #[arg(long)]
+    overwrite: bool,
     /// Image side in pixels with `--model` (Flow-GRPO trains SD3.5 at 512).
     #[arg(long, default_value_t = 512)]
     resolution: usize,
@@ -82,6 +86,15 @@ fn print_epoch(m: &EpochMetrics) {
     }
 }
 
+/// How the run starts in its output folder, from `--resume` / `--overwrite`.
+fn start(args: &Args) -> run_dir::Start {
+    match (args.resume, args.overwrite) {
+        (true, _) => run_dir::Start::Resume,
+        (_, true) => run_dir::Start::Overwrite,
+        _ => run_dir::Start::Fresh,
+    }
+}
+
 fn run(args: Args) -> tpgrpo::Result<()> {
     let device = backend::init()?;
     let objective = format!("objective.objective={}", args.objective);
@@ -90,13 +103,16 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         return train_diffusers(dir, &args, &sets, &device);
     }
     let config = toy::train_config().with_sources(args.config.as_deref(), &sets)?;
-    let out = args.out.unwrap_or_else(|| PathBuf::from(format!("runs/toy-{}", args.objective)));
+    let objective = config.objective.objective.name();
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/toy-{objective}")));
+    run_dir::claim(&out, start(&args))?;
     println!(
-        "tpgrpo train_sd3: embedded toy task, {} with {} on {}, {} epochs of {} prompts x {}, \
-         output {}",
-        args.objective,
+        "tpgrpo train_sd3: embedded toy task, {} with {} on {} ({}), {} epochs of {} prompts x \
+         {}, output {}",
+        objective,
         args.reward,
         backend::NAME,
+        dtype_name(config.precision.resolve::<Backend>(&device)?),
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
@@ -147,27 +163,24 @@ fn train_diffusers(
     device: &backend::Device,
 ) -> tpgrpo::Result<()> {
     let config = TrainConfig::new().with_sources(args.config.as_deref(), sets)?;
-    let out =
-        args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/sd3-{}", args.objective)));
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
+    });
+    run_dir::claim(&out, start(args))?;
     let transformer = MMDiT::<TrainBackend>::load(dir, device)?;
-    let (c, f) = (transformer.config.in_channels, 8);
-    if args.resolution % (f * transformer.config.patch_size) != 0 {
-        return Err(tpgrpo::Error::config(
-            "resolution",
-            format!(
-                "{} is not a multiple of {}",
-                args.resolution,
-                f * transformer.config.patch_size
-            ),
-        ));
-    }
-    let latent = [c, args.resolution / f, args.resolution / f];
+    let (c, r) = (transformer.config.in_channels, args.resolution);
+    let [h, w] = image_to_latent_size(&transformer.config, 8, [r, r]).map_err(|e| match e {
+        tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
+        other => other,
+    })?;
+    let latent = [c, h, w];
     let conditioner = Sd3Conditioner::<Backend>::load(dir, DEFAULT_T5_LENGTH, latent, device)?;
     println!(
-        "tpgrpo train_sd3: {} with {} on {}, {} epochs of {} prompts x {} at {}px, output {}",
+        "tpgrpo train_sd3: {} with {} on {} ({}), {} epochs of {} prompts x {} at {}px, output {}",
         dir.display(),
-        args.objective,
+        config.objective.objective.name(),
         backend::NAME,
+        dtype_name(config.precision.resolve::<Backend>(device)?),
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU device check (docs/gpu.md): `tpgrpo doctor`, the MMDiT bench at SD3.5-medium size
-# (batch 2 and 8), PyTorch on the same shapes when diffusers and peft import, and 3 toy epochs;
-# each step under its own timeout, printing as it goes, then one table. Under 8 minutes.
+# (batch 2 in f32 and bf16, batch 8 in bf16), PyTorch on the same shapes when diffusers and peft
+# import, and 3 toy epochs; each step under its own timeout (570 s in all, a few minutes when
+# nothing stalls), printing as it goes, then one table.
 #
 #   scripts/device-check.sh [BIN_DIR]   (default gpu-carry/: tpgrpo, train_sd3, mmdit, .xz ok)
 #
@@ -39,18 +40,19 @@ step() { # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-step doctor 120 "$bin"/tpgrpo doctor --stall-secs 15
-BENCH_ITERS=5 step mmdit-sd35m-b2 150 "$bin"/mmdit sd35-medium 2
-BENCH_ITERS=3 step mmdit-sd35m-b8 90 "$bin"/mmdit sd35-medium 8
+step doctor 90 "$bin"/tpgrpo doctor --stall-secs 15
+BENCH_ITERS=5 step mmdit-sd35m-b2-f32 110 "$bin"/mmdit sd35-medium 2 f32
+BENCH_ITERS=5 step mmdit-sd35m-b2-bf16 110 "$bin"/mmdit sd35-medium 2 bf16
+BENCH_ITERS=3 step mmdit-sd35m-b8-bf16 80 "$bin"/mmdit sd35-medium 8 bf16
 if python3 -c "import diffusers, peft" 2>/dev/null; then
   for dtype in bf16 tf32; do
-    step "torch-sd35m-b2-$dtype" 60 python3 benches/torch_mmdit.py --size sd35-medium \
+    step "torch-sd35m-b2-$dtype" 45 python3 benches/torch_mmdit.py --size sd35-medium \
       --batch 2 --device cuda --dtype "$dtype" --iters 5
   done
 else
   echo "== torch: diffusers/peft not importable; PyTorch rows skipped (carry their wheels)"
 fi
-step toy-3-epochs 120 "$bin"/train_sd3 --set epochs=3 --set eval_every=3 --out "$out/toy"
+step toy-3-epochs 90 "$bin"/train_sd3 --set epochs=3 --set eval_every=3 --out "$out/toy"
 
 echo
 echo "== device check $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"

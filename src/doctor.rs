@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, FloatDType};
 
 use crate::error::Error;
 use crate::model::attention::{attend, Scores};
+use crate::model::precision::cast_params;
 use crate::model::LoraConfig;
 use crate::rng::SplitMix64;
 use crate::toy::{self, ToyModel};
@@ -136,6 +138,7 @@ pub fn run<B: AutodiffBackend>(
     let batch = config.batch;
     stage("toy forward (first call)", &mut || toy_forward(&policy, batch, device))?;
     stage("toy forward (second call)", &mut || toy_forward(&policy, batch, device))?;
+    stage("toy forward bf16 vs f32", &mut || toy_forward_bf16(&policy, batch, device))?;
     let lora = model.transformer.clone().with_lora(&LoraConfig::new())?;
     stage("LoRA forward+backward (first)", &mut || lora_backward(&lora, batch, device))?;
     stage("LoRA forward+backward (second)", &mut || lora_backward(&lora, batch, device))?;
@@ -267,6 +270,33 @@ fn toy_forward<B: Backend>(
     let v = to_host(model.forward(x, t, text, pooled)?)?;
     finite("toy velocity", &v)?;
     Ok(format!("batch {batch}, {} finite outputs", v.len()))
+}
+
+/// The toy forward with bf16 base weights against the f32 one, the largest difference relative
+/// to the largest f32 output: bf16 rounds each operation to 2^-8 (3.9e-3), and 5e-2 of the
+/// output's scale allows that to accumulate over the blocks. Skipped where `B` has no bf16.
+fn toy_forward_bf16<B: Backend>(
+    model: &crate::model::MMDiT<B>,
+    batch: usize,
+    device: &B::Device,
+) -> crate::Result<String> {
+    if !B::supports_dtype(device, DType::BF16) {
+        return Ok(format!("skipped: {} computes no bf16 here", B::name(device)));
+    }
+    let (x, t, text, pooled) = toy_inputs::<B>(batch, device);
+    let want = to_host(model.forward(x.clone(), t.clone(), text.clone(), pooled.clone())?)?;
+    let half = cast_params(model.clone(), FloatDType::BF16);
+    let got = to_host(half.forward(x, t, text, pooled)?)?;
+    finite("bf16 toy velocity", &got)?;
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    let worst = got.iter().zip(&want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
+    if worst > 5e-2 {
+        return Err(Error::config(
+            "doctor",
+            format!("bf16 forward differs from f32 by {worst:.2e} of the output's scale"),
+        ));
+    }
+    Ok(format!("max difference {worst:.1e} of the output's scale (limit 5e-2)"))
 }
 
 fn lora_backward<B: AutodiffBackend>(

@@ -34,6 +34,16 @@ pub enum Error {
         /// Why the value is rejected.
         message: String,
     },
+    /// Values of a run went NaN or infinite (divergence, or bad weights or inputs); the run
+    /// stops before anything is written with them.
+    NonFinite {
+        /// What went non-finite, and where (`adapter to_q.lora_A after optimizer step 3`).
+        what: String,
+        /// How many values are not finite.
+        count: usize,
+        /// Of how many.
+        total: usize,
+    },
     /// A tensor argument has the wrong shape.
     Shape {
         /// The argument.
@@ -95,6 +105,11 @@ impl fmt::Display for Error {
                 Ok(())
             }
             Error::Config { field, message } => write!(f, "config field `{field}`: {message}"),
+            Error::NonFinite { what, count, total } => write!(
+                f,
+                "{what}: {count} of {total} values are NaN or infinite (diverged? try a lower \
+                 optimizer.lr; check the weights and inputs); stopped before writing them"
+            ),
             Error::Shape { name, expected, found } => {
                 write!(f, "`{name}` has shape {found:?}, expected {expected}")
             }

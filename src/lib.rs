@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod doctor;
 pub mod error;
+pub mod finite;
 pub mod grpo;
 pub mod image;
 pub mod model;

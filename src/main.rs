@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::doctor::DoctorConfig;
 use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
+use tpgrpo::model::precision::cast_params;
+use tpgrpo::model::Precision;
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::Error;
 
@@ -61,6 +63,10 @@ enum Command {
         /// Output PNG.
         #[arg(long, default_value = "img.png")]
         out: PathBuf,
+        /// Transformer weights and activations: `auto` (bf16 where the backend computes it),
+        /// `f32` or `bf16`.
+        #[arg(long, default_value = "auto")]
+        precision: Precision,
     },
     /// Check the selected backend stage by stage (device, matmul, element-wise, attention, toy
     /// forward, LoRA backward, one toy epoch), printing each stage's time as it goes.
@@ -89,6 +95,7 @@ fn main() {
             width,
             max_sequence_length,
             out,
+            precision,
         } => {
             let config = SampleConfig::new()
                 .with_steps(steps)
@@ -96,7 +103,7 @@ fn main() {
                 .with_height(height)
                 .with_width(width)
                 .with_negative_prompt(negative_prompt);
-            sample(&model, &prompt, seed, max_sequence_length, &config, &out)
+            sample(&model, &prompt, seed, max_sequence_length, precision, &config, &out)
         }
         Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
     };
@@ -126,11 +133,14 @@ fn sample(
     prompt: &str,
     seed: u64,
     max_sequence_length: usize,
+    precision: Precision,
     config: &SampleConfig,
     out: &std::path::Path,
 ) -> tpgrpo::Result<()> {
     let device = backend::init()?;
-    let pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
+    let dtype = precision.resolve::<Backend>(&device)?;
+    let mut pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
+    pipe.transformer = cast_params(pipe.transformer, dtype);
     let images = pipe.generate(&[prompt], &[seed], config)?;
     tpgrpo::image::save_png(out, &images[0])?;
     println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);

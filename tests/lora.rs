@@ -63,15 +63,19 @@ fn fresh_adapters_leave_the_output_unchanged_and_follow_peft_targets() {
     assert!((std - 0.25).abs() < 0.05, "std of A = {std}, expected 1/r = 0.25");
     assert_eq!(l.lora_b.val().abs().max().into_scalar().elem::<f32>(), 0.0);
 
-    let attn2 = LoraConfig::new().with_target_modules(vec!["attn2.to_q".into()]);
+    let attn2 = LoraConfig::new().with_rank(4).with_target_modules(vec!["attn2.to_q".into()]);
     let names: Vec<String> =
         base.clone().with_lora(&attn2).unwrap().adapters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, vec!["transformer_blocks.0.attn2.to_q".to_string()]);
     let bad = LoraConfig::new().with_target_modules(vec!["ff.net.0.proj".into()]);
     let err = base.clone().with_lora(&bad).unwrap_err().to_string();
     assert!(err.contains("target_modules") && err.contains("ff.net.0.proj"), "{err}");
-    let err = base.with_lora(&LoraConfig::new().with_rank(0)).unwrap_err().to_string();
+    let err = base.clone().with_lora(&LoraConfig::new().with_rank(0)).unwrap_err().to_string();
     assert!(err.contains("lora.rank"), "{err}");
+    // A rank above a targeted layer's own (16 -> 16 here) adds nothing and is refused before
+    // the factors are allocated.
+    let err = base.with_lora(&LoraConfig::new().with_rank(17)).unwrap_err().to_string();
+    assert!(err.contains("lora.rank") && err.contains("16 -> 16"), "{err}");
 }
 
 #[test]

@@ -119,10 +119,10 @@ fn tp_grpo_runs_and_resumes_identically() {
     }
     assert!(image::open(straight.join("samples/epoch-00000.png")).is_ok());
 
-    // Resuming with other settings is refused and names the problem.
+    // Resuming with other settings is refused and names the setting.
     let mut c = trainer(config(4, "flow-grpo"), &split);
     let err = c.resume().unwrap_err().to_string();
-    assert!(err.contains("other settings"), "{err}");
+    assert!(err.contains("`objective.objective` was \"tp-grpo\", now \"flow-grpo\""), "{err}");
 }
 
 #[test]

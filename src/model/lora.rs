@@ -178,6 +178,15 @@ impl<B: Backend> MMDiT<B> {
                 ));
             }
         }
+        for (name, p) in model.projections_mut() {
+            let [d_in, d_out] = p.dims();
+            if config.targets(&name) && r > d_in.min(d_out) {
+                return Err(crate::Error::config(
+                    "lora.rank",
+                    format!("{r} is above the rank of `{name}` ({d_in} -> {d_out})"),
+                ));
+            }
+        }
         let mut j = 0u64;
         for (name, p) in model.projections_mut() {
             if !config.targets(&name) {

@@ -1,8 +1,11 @@
-//! A linear layer that can carry a LoRA adapter: `y = x W + b + (alpha / r) (x A) B`.
+//! A linear layer that can carry a LoRA adapter: `y = x W + b + (alpha / r) (x A) B`; the
+//! factors keep their own (f32) dtype and are cast to the activations' for the product.
 
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::module::linear;
+
+use crate::model::precision::{float_dtype, to_dtype};
 
 /// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
 #[derive(Module, Debug)]
@@ -39,8 +42,11 @@ impl<B: Backend> LoraLinear<B> {
         match &self.lora {
             None => base,
             Some(l) => {
-                let low = x.matmul(l.lora_a.val().unsqueeze()).matmul(l.lora_b.val().unsqueeze());
-                base + low * l.scale
+                // The factors stay f32 (they are trained); they are cast to the activations'
+                // dtype, and their gradients come back through the cast in f32.
+                let dtype = float_dtype(&x);
+                let (a, b) = (to_dtype(l.lora_a.val(), dtype), to_dtype(l.lora_b.val(), dtype));
+                base + x.matmul(a.unsqueeze()).matmul(b.unsqueeze()) * l.scale
             }
         }
     }
@@ -57,7 +63,9 @@ impl<B: Backend> LoraLinear<B> {
             None => return self,
             Some(l) => {
                 let delta = l.lora_a.val().matmul(l.lora_b.val()) * l.scale;
-                Param::from_tensor(self.weight.val() + delta).set_require_grad(false)
+                let weight = self.weight.val();
+                let delta = to_dtype(delta, float_dtype(&weight));
+                Param::from_tensor(weight + delta).set_require_grad(false)
             }
         };
         LoraLinear { weight, bias: self.bias, lora: None }

@@ -6,6 +6,7 @@ pub mod clip;
 pub mod lora;
 pub mod lora_linear;
 pub mod mmdit;
+pub mod precision;
 pub mod t5;
 pub mod vae;
 
@@ -13,5 +14,6 @@ pub use clip::{ClipTextConfig, ClipTextModel};
 pub use lora::LoraConfig;
 pub use lora_linear::{LoraAdapter, LoraLinear};
 pub use mmdit::{MMDiT, MMDiTConfig};
+pub use precision::Precision;
 pub use t5::{T5Config, T5EncoderModel};
 pub use vae::{AutoencoderKL, VaeConfig};

@@ -43,6 +43,20 @@ pub struct Sd3TextEncoders<B: Backend> {
     pub tokenizer_3: TextTokenizer,
 }
 
+/// The longest T5 prompt diffusers' SD3 pipeline accepts.
+pub const MAX_T5_LENGTH: usize = 512;
+
+/// `max_sequence_length` must be 1 to [`MAX_T5_LENGTH`] tokens (diffusers' limit).
+fn check_max_sequence_length(n: usize) -> Result<()> {
+    if !(1..=MAX_T5_LENGTH).contains(&n) {
+        return Err(Error::config(
+            "max_sequence_length",
+            format!("must be between 1 and {MAX_T5_LENGTH} T5 tokens, got {n}"),
+        ));
+    }
+    Ok(())
+}
+
 impl<B: Backend> Sd3TextEncoders<B> {
     /// Loads the encoders and tokenizers of a diffusers SD3 folder; T5 sequences get
     /// `max_sequence_length` tokens.
@@ -52,6 +66,7 @@ impl<B: Backend> Sd3TextEncoders<B> {
         device: &B::Device,
     ) -> Result<Self> {
         let dir = dir.as_ref();
+        check_max_sequence_length(max_sequence_length)?;
         Ok(Sd3TextEncoders {
             clip_l: ClipTextModel::load(dir.join("text_encoder"), device)?,
             clip_g: ClipTextModel::load(dir.join("text_encoder_2"), device)?,
@@ -304,6 +319,36 @@ fn scheduler_shift(dir: &Path) -> Result<f64> {
     }
 }
 
+/// The latent `[h, w]` of a `height x width` image for a transformer of `config` behind a VAE
+/// that downsamples by `f`: both sides positive multiples of `f` times the patch size, and at
+/// most the position table's `pos_embed_max_size` patches (checked before anything of that
+/// size is allocated).
+pub fn image_to_latent_size(
+    config: &crate::model::MMDiTConfig,
+    f: usize,
+    [height, width]: [usize; 2],
+) -> Result<[usize; 2]> {
+    let unit = f * config.patch_size;
+    if height == 0 || width == 0 || height % unit != 0 || width % unit != 0 {
+        return Err(Error::config(
+            "height/width",
+            format!("{height}x{width} is not a positive multiple of {unit} (VAE x patch)"),
+        ));
+    }
+    let most = config.pos_embed_max_size * unit;
+    if height > most || width > most {
+        return Err(Error::config(
+            "height/width",
+            format!(
+                "{height}x{width} is larger than the model's position table allows ({most}x{most}: \
+                 pos_embed_max_size {} patches of {unit} pixels)",
+                config.pos_embed_max_size
+            ),
+        ));
+    }
+    Ok([height / f, width / f])
+}
+
 impl<B: Backend> Sd3Pipeline<B> {
     /// Opens a diffusers SD3 folder; T5 sequences get `max_sequence_length` tokens. The image
     /// size starts at the transformer's native one (`sample_size x` the VAE factor).
@@ -313,6 +358,10 @@ impl<B: Backend> Sd3Pipeline<B> {
         device: &B::Device,
     ) -> Result<Self> {
         let dir = dir.as_ref();
+        check_max_sequence_length(max_sequence_length)?;
+        if !dir.is_dir() {
+            return Err(Error::format(dir, "no such folder (expected a diffusers SD3 pipeline)"));
+        }
         let index = dir.join("model_index.json");
         if !index.is_file() {
             return Err(Error::format(dir, "not a diffusers pipeline folder: no model_index.json"));
@@ -344,14 +393,7 @@ impl<B: Backend> Sd3Pipeline<B> {
     /// positive multiples of the VAE factor times the patch size.
     fn latent_size(&self, [height, width]: [usize; 2]) -> Result<[usize; 2]> {
         let f = self.conditioner.vae.downsample_factor();
-        let unit = f * self.transformer.config.patch_size;
-        if height == 0 || width == 0 || height % unit != 0 || width % unit != 0 {
-            return Err(Error::config(
-                "height/width",
-                format!("{height}x{width} is not a positive multiple of {unit} (VAE x patch)"),
-            ));
-        }
-        Ok([height / f, width / f])
+        image_to_latent_size(&self.transformer.config, f, [height, width])
     }
 
     /// Denoises `noise` `[B, C, h, w]` from sigma 1 with `steps` guided Euler steps.

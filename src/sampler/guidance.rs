@@ -87,6 +87,12 @@ impl<B: Backend> Guidance<B> {
         batch: usize,
         reps: usize,
     ) -> crate::Result<Self> {
+        if !scale.is_finite() {
+            return Err(Error::config(
+                "guidance_scale",
+                format!("must be a finite number, got {scale}"),
+            ));
+        }
         if cond.batch() != batch || uncond.batch() != batch {
             return Err(Error::shape(
                 "conditioning",

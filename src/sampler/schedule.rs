@@ -2,6 +2,10 @@
 
 use crate::error::Error;
 
+/// The most sampling steps a schedule takes (diffusers trains on 1000 timesteps; more steps
+/// only re-sample the same ones, and each stores a latent per sample in training).
+pub const MAX_STEPS: usize = 10_000;
+
 /// Training timesteps of the flow-matching scheduler.
 pub const TRAIN_TIMESTEPS: f64 = 1000.0;
 
@@ -30,8 +34,11 @@ impl FlowSchedule {
     /// sigmas    = [sigma_0 .. sigma_{N-1}, 0]
     /// ```
     pub fn new(num_steps: usize, shift_s: f64) -> crate::Result<Self> {
-        if num_steps < 2 {
-            return Err(Error::config("num_steps", format!("must be at least 2, got {num_steps}")));
+        if !(2..=MAX_STEPS).contains(&num_steps) {
+            return Err(Error::config(
+                "num_steps",
+                format!("must be between 2 and {MAX_STEPS}, got {num_steps}"),
+            ));
         }
         if !(shift_s.is_finite() && shift_s > 0.0) {
             return Err(Error::config(

@@ -15,6 +15,7 @@ use super::config::TrainConfig;
 use super::ema::Ema;
 use super::optim::{AdamW, Moments};
 use crate::error::{Error, Result};
+use crate::finite::ensure_finite_values;
 use crate::model::MMDiT;
 use crate::weights::{save_safetensors, write_atomically, WeightFiles};
 
@@ -27,6 +28,32 @@ pub struct TrainerState {
     pub optimizer_step: u64,
     /// The run's settings.
     pub config: TrainConfig,
+    /// The model and resolution trained (absent in checkpoints written before it was recorded).
+    #[serde(default)]
+    pub run: Option<RunRecord>,
+}
+
+/// The model and resolution of a run, compared on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The transformer's configuration (diffusers' `config.json` fields).
+    pub transformer: serde_json::Value,
+    /// `[C, H, W]` of the latents.
+    pub latent_shape: Vec<usize>,
+}
+
+impl std::fmt::Display for RunRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.transformer;
+        write!(
+            f,
+            "{} layers of width {}, latents {:?}",
+            c["num_layers"],
+            c["attention_head_dim"].as_u64().unwrap_or(0)
+                * c["num_attention_heads"].as_u64().unwrap_or(0),
+            self.latent_shape
+        )
+    }
 }
 
 /// Named f32 tensors read back from a checkpoint.
@@ -83,15 +110,50 @@ pub fn save<B: Backend>(
     std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
     let latest = root.join("latest");
     write_atomically(&latest, |t| std::fs::write(t, &name).map_err(|e| Error::io(t, e)))?;
+    remove_stale_pointers(&root);
     Ok(dir)
 }
 
-/// The folder named by `out_dir/checkpoints/latest`.
+/// Removes `.latest.tmp-PID` files that killed processes left behind (best effort).
+fn remove_stale_pointers(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".latest.tmp-") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether `name` is a checkpoint folder name, `epoch-NNNNN` (nothing that could leave the
+/// checkpoints folder).
+fn is_checkpoint_name(name: &str) -> bool {
+    name.strip_prefix("epoch-")
+        .is_some_and(|n| n.len() >= 5 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The checkpoint to resume from: the folder named by `out_dir/checkpoints/latest` (a bare
+/// `epoch-NNNNN` name; anything else, such as a path out of the folder, is refused), or, when
+/// `latest` is missing (a kill before it was first written), the newest complete
+/// `epoch-NNNNN/` folder.
 pub fn latest(out_dir: &Path) -> Result<PathBuf> {
     let root = out_dir.join("checkpoints");
     let path = root.join("latest");
-    let name = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let dir = root.join(name.trim());
+    let name = match std::fs::read_to_string(&path) {
+        Ok(name) => name.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return newest_complete(&root)?.ok_or_else(|| {
+                Error::format(&root, "holds no complete checkpoint (epoch-NNNNN/) to resume from")
+            })
+        }
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    if !is_checkpoint_name(&name) {
+        return Err(Error::format(
+            &path,
+            format!("names {name:?}, which is not a checkpoint folder name (epoch-NNNNN)"),
+        ));
+    }
+    let dir = root.join(&name);
     if !dir.join("trainer_state.json").is_file() {
         return Err(Error::format(
             &path,
@@ -99,6 +161,19 @@ pub fn latest(out_dir: &Path) -> Result<PathBuf> {
         ));
     }
     Ok(dir)
+}
+
+/// The complete checkpoint folder (with `trainer_state.json`, which is written last) of the
+/// highest epoch under `root`, if any.
+fn newest_complete(root: &Path) -> Result<Option<PathBuf>> {
+    let entries = std::fs::read_dir(root).map_err(|e| Error::io(root, e))?;
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| is_checkpoint_name(n) && root.join(n).join("trainer_state.json").is_file())
+        .collect();
+    names.sort();
+    Ok(names.pop().map(|n| root.join(n)))
 }
 
 /// What a checkpoint folder holds.
@@ -129,19 +204,58 @@ pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<Checkpoint<B>>
         if shape.len() != 2 {
             return Err(Error::format(dir, format!("`{key}` is not 2-D")));
         }
-        let t =
-            Tensor::from_data(TensorData::new(files.read_f32(key)?, [shape[0], shape[1]]), device);
+        let values = files.read_f32(key)?;
+        ensure_finite_values(&values, &format!("`{key}` in {}", files_path(dir).display()))?;
+        let t = Tensor::from_data(TensorData::new(values, [shape[0], shape[1]]), device);
         groups.entry(prefix.to_string()).or_default().push((name.to_string(), t));
     }
-    let mut take = |p: &str| groups.remove(p).unwrap_or_default();
-    let (lora, ema, avg, avg_sq) = (take("lora"), take("ema"), take("exp_avg"), take("exp_avg_sq"));
-    if lora.is_empty() || lora.len() != ema.len() || avg.len() != avg_sq.len() {
-        return Err(Error::format(dir, "state.safetensors is incomplete"));
+    let mut take = |p: &str| -> BTreeMap<String, Tensor<B, 2>> {
+        groups.remove(p).unwrap_or_default().into_iter().collect()
+    };
+    let (lora, mut ema, mut avg, mut avg_sq) =
+        (take("lora"), take("ema"), take("exp_avg"), take("exp_avg_sq"));
+    let mut problems: Vec<String> =
+        groups.keys().map(|p| format!("unexpected `{p}.*` keys")).collect();
+    if lora.is_empty() {
+        problems.push("no adapter factors (`lora.*`)".into());
     }
-    let moments = avg
-        .into_iter()
-        .zip(avg_sq)
-        .map(|((n, m), (_, v))| (n, Moments { exp_avg: m, exp_avg_sq: v }))
-        .collect();
-    Ok(Checkpoint { state, lora, ema, moments })
+    // Every factor needs its EMA and both AdamW moments, of its shape (a resume without them
+    // would silently restart the optimizer).
+    let (mut ema_out, mut moments) = (Vec::new(), BTreeMap::new());
+    for (name, t) in &lora {
+        let mut find =
+            |group: &mut BTreeMap<String, Tensor<B, 2>>, prefix: &str| match group.remove(name) {
+                Some(v) if v.dims() == t.dims() => Some(v),
+                Some(v) => {
+                    problems.push(format!(
+                        "`{prefix}.{name}` has shape {:?}, the factor {:?}",
+                        v.dims(),
+                        t.dims()
+                    ));
+                    None
+                }
+                None => {
+                    problems.push(format!("`{prefix}.{name}` is missing"));
+                    None
+                }
+            };
+        let (e, m, v) =
+            (find(&mut ema, "ema"), find(&mut avg, "exp_avg"), find(&mut avg_sq, "exp_avg_sq"));
+        if let (Some(e), Some(m), Some(v)) = (e, m, v) {
+            ema_out.push((name.clone(), e));
+            moments.insert(name.clone(), Moments { exp_avg: m, exp_avg_sq: v });
+        }
+    }
+    for (prefix, rest) in [("ema", ema), ("exp_avg", avg), ("exp_avg_sq", avg_sq)] {
+        problems
+            .extend(rest.keys().map(|n| format!("`{prefix}.{n}` belongs to no adapter factor")));
+    }
+    if !problems.is_empty() {
+        return Err(Error::Checkpoint { path: files_path(dir), problems });
+    }
+    Ok(Checkpoint { state, lora: lora.into_iter().collect(), ema: ema_out, moments })
+}
+
+fn files_path(dir: &Path) -> PathBuf {
+    dir.join("state.safetensors")
 }

@@ -7,6 +7,7 @@ use indicatif::ProgressBar;
 
 use super::config::TrainConfig;
 use crate::error::Result;
+use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::grpo::{Objective, RewardRows};
 use crate::model::MMDiT;
 use crate::reward::{score_checked, Prompt, Reward};
@@ -169,9 +170,14 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         Ok((seqs, extra))
     }
 
-    /// Decodes latents and scores the images against their prompts.
+    /// Decodes latents and scores the images against their prompts; non-finite latents or
+    /// images stop the run (a NaN image would otherwise get a finite score).
     fn score(&self, latents: Tensor<B, 4>, prompts: &[Prompt]) -> Result<Vec<f64>> {
+        ensure_finite(&latents, "sampled latents (before decoding)")?;
         let images = self.pipeline.decode(latents)?;
+        for (i, image) in images.iter().enumerate() {
+            ensure_finite_values(&image.pixels, &format!("decoded image {i} of the chunk"))?;
+        }
         score_checked(self.reward, &images, prompts)
     }
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::ema::EmaConfig;
 use super::optim::AdamWConfig;
 use crate::grpo::ObjectiveConfig;
-use crate::model::LoraConfig;
+use crate::model::{LoraConfig, Precision};
 use crate::overrides;
 use crate::sampler::RolloutConfig;
 
@@ -56,6 +56,11 @@ pub struct TrainConfig {
     /// Seed of prompt choice and every noise draw.
     #[config(default = 0)]
     pub seed: u64,
+    /// Dtype of the frozen base weights and the activations: `auto` (bf16 where the backend
+    /// computes it, else f32), `f32` or `bf16`; adapters, gradients, optimizer state, EMA,
+    /// log-probs and the loss are f32 in every case ([`crate::model::precision`]).
+    #[config(default = "Precision::Auto")]
+    pub precision: Precision,
     /// Sampler of the rollouts.
     #[config(default = "RolloutConfig::new()")]
     pub rollout: RolloutConfig,
@@ -77,7 +82,33 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
     crate::Error::config(field, message)
 }
 
+/// Settings a resumed run may change: they decide how long it runs and what it writes and
+/// evaluates, not the training trajectory (every draw derives from the seed and the epoch).
+pub const RESUMABLE_CHANGES: [&str; 6] =
+    ["epochs", "save_every", "eval_every", "eval_steps", "eval_prompts", "eval_images_per_prompt"];
+
 impl TrainConfig {
+    /// The settings that differ from `saved` and would break an exact resume, each as
+    /// `` `field` was X, now Y `` (fields outside [`RESUMABLE_CHANGES`]).
+    pub fn resume_conflicts(&self, saved: &TrainConfig) -> Vec<String> {
+        let flat = |c: &TrainConfig| {
+            overrides::leaves(&serde_json::to_value(c).expect("settings serialise"))
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let (now, was) = (flat(self), flat(saved));
+        let mut keys: Vec<&String> = now.keys().chain(was.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .filter(|k| !RESUMABLE_CHANGES.contains(&k.as_str()) && now.get(*k) != was.get(*k))
+            .map(|k| {
+                let show = |v: Option<&Value>| v.map_or("unset".to_string(), |v| v.to_string());
+                format!("setting `{k}` was {}, now {}", show(was.get(k)), show(now.get(k)))
+            })
+            .collect()
+    }
+
     /// These settings with the fields of the JSON file `file` (any subset, nested like the
     /// struct) and then the `key.path=value` overrides applied (`value` is JSON, or a bare
     /// string); validated.
@@ -115,6 +146,12 @@ impl TrainConfig {
             if v == 0 {
                 return Err(err(field, "must be at least 1"));
             }
+        }
+        if self.eval_steps > crate::sampler::schedule::MAX_STEPS {
+            return Err(err(
+                "eval_steps",
+                format!("at most {} steps", crate::sampler::schedule::MAX_STEPS),
+            ));
         }
         if self.group_size < 2 {
             return Err(err("group_size", "a group needs at least 2 samples"));

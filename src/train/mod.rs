@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod noise_scale;
 pub mod optim;
 pub mod plot;
+pub mod run_dir;
 pub mod trainer;
 pub mod update;
 

@@ -10,7 +10,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::checkpoint::{self, TrainerState};
+use super::checkpoint::{self, RunRecord, TrainerState};
 use super::collect::{epoch_prompts, Batch, Collector};
 use super::config::TrainConfig;
 use super::ema::Ema;
@@ -19,10 +19,12 @@ use super::metrics::{read_metrics, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
 use super::optim::AdamW;
 use super::plot::{save_chart, Series};
+use super::run_dir;
 use super::update::{optimizer_step, reference_policy, StepGradient, StepLosses, UpdateStats};
 use crate::error::{Error, Result};
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::{save_grid, Image};
+use crate::model::precision::cast_params;
 use crate::model::MMDiT;
 use crate::reward::{Prompt, Report, Reward};
 use crate::rng::{mix, salt, SplitMix64};
@@ -112,7 +114,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         if config.eval_every > 0 && eval_prompts.is_empty() {
             return Err(Error::config("eval_every", "evaluation needs held-out prompts"));
         }
-        let model = base.with_lora(&config.lora)?;
+        let dtype = config.precision.resolve::<B>(&base.devices()[0])?;
+        let model = cast_params(base, dtype).with_lora(&config.lora)?;
         let params: Vec<_> =
             model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
         Ok(Trainer {
@@ -247,12 +250,22 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         evaluator.evaluate(&self.eval_prompts[..count])
     }
 
+    /// What the run trains on besides its settings: the transformer's configuration and the
+    /// latent shape (the resolution).
+    fn run_record(&self) -> RunRecord {
+        RunRecord {
+            transformer: serde_json::to_value(&self.model.config).expect("config serialises"),
+            latent_shape: self.pipeline.latent_shape().to_vec(),
+        }
+    }
+
     /// Writes a checkpoint of the current state (see [`checkpoint`]) and returns its folder.
     pub fn save_checkpoint(&self) -> Result<PathBuf> {
         let state = TrainerState {
             epoch: self.epoch,
             optimizer_step: self.optimizer.step,
             config: self.config.clone(),
+            run: Some(self.run_record()),
         };
         checkpoint::save(&self.out_dir, &state, &self.model.valid(), &self.ema, &self.optimizer)
     }
@@ -263,19 +276,21 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let dir = checkpoint::latest(&self.out_dir)?;
         let checkpoint::Checkpoint { state, lora, ema, moments } =
             checkpoint::load::<B::InnerBackend>(&dir, &self.model.devices()[0])?;
-        let (mut a, mut b) = (
-            serde_json::to_value(&state.config).expect("ser"),
-            serde_json::to_value(&self.config).expect("ser"),
-        );
-        a["epochs"] = 0.into();
-        b["epochs"] = 0.into();
-        if a != b {
-            return Err(Error::Checkpoint {
-                path: dir,
-                problems: vec![
-                    "was written with other settings (only `epochs` may change on resume)".into(),
-                ],
-            });
+        let mut problems = self.config.resume_conflicts(&state.config);
+        let run = self.run_record();
+        if state.run.as_ref().is_some_and(|saved| *saved != run) {
+            problems.push(format!(
+                "was trained on another model or resolution ({}), not this one ({})",
+                state.run.as_ref().map(|r| r.to_string()).unwrap_or_default(),
+                run
+            ));
+        }
+        if !problems.is_empty() {
+            problems.push(format!(
+                "an exact resume allows changes to {} only",
+                super::config::RESUMABLE_CHANGES.join(", ")
+            ));
+            return Err(Error::Checkpoint { path: dir, problems });
         }
         self.model = self.model.clone().with_lora_tensors(
             lora.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect(),
@@ -306,7 +321,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// `on_epoch` sees every metrics line.
     pub fn train(&mut self, mut on_epoch: impl FnMut(&EpochMetrics)) -> Result<Vec<EpochMetrics>> {
         let cfg = self.config.clone();
-        std::fs::create_dir_all(&self.out_dir).map_err(|e| Error::io(&self.out_dir, e))?;
+        let start = if self.epoch > 0 { run_dir::Start::Resume } else { run_dir::Start::Fresh };
+        run_dir::claim(&self.out_dir, start)?;
         let metrics_path = self.out_dir.join("metrics.jsonl");
         let mut history = read_metrics(&metrics_path)?;
         if self.epoch == 0 && cfg.eval_every > 0 {

@@ -15,6 +15,7 @@ use super::ema::Ema;
 use super::noise_scale::GradientNoise;
 use super::optim::{clip_global_norm, squared_norm, AdamW};
 use crate::error::Result;
+use crate::finite::ensure_finite;
 use crate::grpo::{kl_penalty, policy_loss, LossStats};
 use crate::model::MMDiT;
 use crate::sampler::guidance::select_rows;
@@ -185,7 +186,18 @@ pub fn optimizer_step<B: AutodiffBackend>(
         grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
     }
     let norm = clip_global_norm(&mut grads, max_norm);
+    if !norm.is_finite() {
+        for (name, g) in &grads {
+            ensure_finite(
+                g,
+                &format!("gradient of {name} (optimizer step {})", optimizer.step + 1),
+            )?;
+        }
+    }
     let updated = optimizer.step(params, &grads)?;
+    for (name, t) in &updated {
+        ensure_finite(t, &format!("adapter {name} after optimizer step {}", optimizer.step))?;
+    }
     ema.update(optimizer.step, &updated)?;
     let lifted = updated.into_iter().map(|(n, t)| (n, Tensor::from_inner(t))).collect();
     Ok((model.with_lora_tensors(lifted)?, norm))

@@ -8,6 +8,7 @@ use burn::prelude::*;
 use burn::tensor::activation::silu;
 
 use crate::error::{Error, Result};
+use crate::model::precision::{float_dtype, to_dtype};
 
 /// Patch embedding (`pos_embed`): a `p x p` stride-`p` convolution plus the stored position table.
 #[derive(Module, Debug)]
@@ -174,10 +175,12 @@ impl<B: Backend> TimeTextEmbed<B> {
         }
     }
 
-    /// `temb [B, D]` from timesteps `[B]` (`sigma * 1000`) and pooled text `[B, P]`.
+    /// `temb [B, D]` from timesteps `[B]` (`sigma * 1000`, any float dtype: the features are
+    /// computed in it and cast to `pooled`'s, as diffusers casts them to the hidden states') and
+    /// pooled text `[B, P]`.
     pub fn forward(&self, timestep: Tensor<B, 1>, pooled: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.timestep_embedder.forward(timestep_features(timestep))
-            + self.text_embedder.forward(pooled)
+        let features = to_dtype(timestep_features(timestep), float_dtype(&pooled));
+        self.timestep_embedder.forward(features) + self.text_embedder.forward(pooled)
     }
 }
 

@@ -18,6 +18,8 @@ pub use block::JointTransformerBlock;
 pub use config::MMDiTConfig;
 
 use crate::error::{Error, Result};
+use crate::model::precision::{float_dtype, to_dtype};
+use burn::tensor::FloatDType;
 use embed::{PatchEmbed, TimeTextEmbed};
 use norm::AdaLayerNormContinuous;
 
@@ -121,7 +123,8 @@ impl<B: Backend> MMDiT<B> {
         self.map(&mut Materialize)
     }
 
-    /// Predicts the velocity `[B, out_channels, H, W]`.
+    /// Predicts the velocity `[B, out_channels, H, W]` in `latent`'s dtype, computed in the
+    /// weights' dtype ([`MMDiT::dtype`]; the inputs are cast to it, the norms run in f32).
     ///
     /// - `latent`: `[B, in_channels, H, W]`, `H` and `W` multiples of the patch size, at most
     ///   `pos_embed_max_size` patches per side (non-square is fine);
@@ -173,9 +176,10 @@ impl<B: Backend> MMDiT<B> {
             ));
         }
 
-        let mut x = self.pos_embed.forward(latent)?;
-        let temb = self.time_text_embed.forward(timestep, pooled);
-        let mut c = Some(self.context_embedder.forward(text));
+        let (caller, dtype) = (float_dtype(&latent), self.dtype());
+        let mut x = self.pos_embed.forward(to_dtype(latent, dtype))?;
+        let temb = self.time_text_embed.forward(timestep, to_dtype(pooled, dtype));
+        let mut c = Some(self.context_embedder.forward(to_dtype(text, dtype)));
         for block in &self.transformer_blocks {
             let (nx, nc) = block.forward(
                 x,
@@ -188,12 +192,19 @@ impl<B: Backend> MMDiT<B> {
         let x = self.proj_out.forward(self.norm_out.forward(x, temb));
 
         let (h, w, co) = (height / p, width / p, cfg.out_channels);
+        let x = to_dtype(x, caller);
         Ok(x.reshape([b, h, w, p, p, co]).permute([0, 5, 1, 3, 2, 4]).reshape([
             b,
             co,
             h * p,
             w * p,
         ]))
+    }
+
+    /// The dtype of the base weights, which the forward pass computes in
+    /// ([`crate::model::precision`]).
+    pub fn dtype(&self) -> FloatDType {
+        float_dtype(&self.context_embedder.weight.val())
     }
 }
 

@@ -4,13 +4,18 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::silu;
 
+use crate::model::precision::in_f32;
+
 /// Epsilon of every LayerNorm in the MMDiT.
 pub const LN_EPS: f64 = 1e-6;
 
-/// LayerNorm over the last dimension without affine weights (torch `elementwise_affine=False`).
+/// LayerNorm over the last dimension without affine weights (torch `elementwise_affine=False`),
+/// computed in f32 whatever the activations' dtype (as torch does under autocast).
 pub fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    let (var, mean) = x.clone().var_mean_bias(D - 1);
-    (x - mean) / (var + LN_EPS).sqrt()
+    in_f32(x, |x| {
+        let (var, mean) = x.clone().var_mean_bias(D - 1);
+        (x - mean) / (var + LN_EPS).sqrt()
+    })
 }
 
 /// `modulate(n, shift, scale) = n * (1 + scale) + shift`, with `shift, scale: [B, D]`

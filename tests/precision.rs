@@ -1,0 +1,148 @@
+//! Mixed precision on the CPU: the cast boundaries, that adapters, gradients and outputs stay
+//! f32 whatever the base weights' dtype, and that `bf16` is refused where the backend has none.
+//!
+//! NdArray cannot compute bf16, but it computes f64 and panics on any operation that mixes
+//! float dtypes. So the model with f64 base weights and f32 adapters, fed f32 inputs, runs only
+//! if every boundary is an explicit cast; its output must agree with the all-f32 model (the
+//! path checked against diffusers) to f32 rounding, and its adapter gradients likewise.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use burn::backend::{Autodiff, NdArray};
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
+use tpgrpo::model::precision::cast_params;
+use tpgrpo::model::{LoraConfig, MMDiT, MMDiTConfig, Precision};
+
+type B = Autodiff<NdArray>;
+
+fn config() -> MMDiTConfig {
+    // Every kind of layer: a dual-attention block, per-head RMS qk-norm, a context-pre-only
+    // last block, non-square latents.
+    MMDiTConfig::new()
+        .with_sample_size(8)
+        .with_patch_size(2)
+        .with_in_channels(4)
+        .with_out_channels(4)
+        .with_num_layers(3)
+        .with_attention_head_dim(8)
+        .with_num_attention_heads(2)
+        .with_joint_attention_dim(12)
+        .with_caption_projection_dim(16)
+        .with_pooled_projection_dim(6)
+        .with_pos_embed_max_size(6)
+        .with_dual_attention_layers(vec![0])
+        .with_qk_norm(Some("rms_norm".to_string()))
+}
+
+fn host(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn tensor<const D: usize>(dims: [usize; D], seed: u64) -> Tensor<B, D> {
+    let values = host(seed, dims.iter().product());
+    Tensor::<B, 1>::from_floats(values.as_slice(), &Default::default()).reshape(dims)
+}
+
+/// The base model with adapters whose `B` factors are non-zero, so the adapter path counts.
+fn with_adapters(base: MMDiT<B>) -> MMDiT<B> {
+    let model = base.with_lora(&LoraConfig::new().with_rank(4).with_alpha(8.0)).unwrap();
+    let tensors = model
+        .lora_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, t))| {
+            let dims = t.dims();
+            (name, tensor(dims, 100 + i as u64) * 0.5)
+        })
+        .collect();
+    model.with_lora_tensors(tensors).unwrap()
+}
+
+fn max_rel(got: Tensor<B, 1>, want: Tensor<B, 1>) -> f64 {
+    let scale = want.clone().abs().max().into_scalar() as f64;
+    ((got - want).abs().max().into_scalar() as f64) / scale
+}
+
+#[test]
+fn ndarray_refuses_mixed_float_dtypes_which_makes_the_boundary_test_meaningful() {
+    let a = Tensor::<NdArray, 1>::from_floats([1.0, 2.0], &Default::default());
+    let b = a.clone().cast(FloatDType::F64);
+    assert!(catch_unwind(AssertUnwindSafe(|| a + b)).is_err());
+}
+
+#[test]
+fn f64_base_with_f32_adapters_agrees_with_f32_and_keeps_adapters_and_outputs_f32() {
+    let device = Default::default();
+    let base = config().init::<B>(&device).unwrap().materialize();
+    let wide = with_adapters(cast_params(base.clone(), FloatDType::F64));
+    let narrow = with_adapters(base);
+    assert_eq!(wide.dtype(), FloatDType::F64);
+    assert_eq!(narrow.dtype(), FloatDType::F32);
+    for (name, t) in wide.lora_tensors() {
+        assert_eq!(t.dtype(), DType::F32, "{name}");
+    }
+
+    let inputs = || {
+        (
+            tensor([2, 4, 8, 6], 1),
+            Tensor::<B, 1>::from_floats([700.0, 30.0], &device),
+            tensor([2, 5, 12], 2),
+            tensor([2, 6], 3),
+        )
+    };
+    let run = |model: &MMDiT<B>| {
+        let (x, t, text, pooled) = inputs();
+        let v = model.forward(x, t, text, pooled).unwrap();
+        assert_eq!(v.dtype(), DType::F32, "the velocity comes back in the caller's dtype");
+        let grads = v.clone().powf_scalar(2.0).mean().backward();
+        let factors: Vec<Tensor<B, 1>> = model
+            .adapters()
+            .into_iter()
+            .flat_map(|(_, a)| [a.lora_a.val(), a.lora_b.val()])
+            .map(|p| {
+                let g = p.grad(&grads).expect("every factor gets a gradient");
+                assert_eq!(g.dtype(), DType::F32, "adapter gradients are f32");
+                Tensor::from_inner(g).flatten(0, 1)
+            })
+            .collect();
+        (v.flatten(0, 3), Tensor::cat(factors, 0))
+    };
+    let (v64, g64) = run(&wide);
+    let (v32, g32) = run(&narrow);
+    // f32 rounding over three blocks: ~1e-6 relative per operation; 1e-4 leaves room for the
+    // sums of the attention and MLP widths, and is 100x below what a missing term would give.
+    let (dv, dg) = (max_rel(v64, v32), max_rel(g64, g32));
+    assert!(dv < 1e-4, "velocity differs by {dv:.2e}");
+    assert!(dg < 1e-4, "adapter gradients differ by {dg:.2e}");
+    assert!(dv > 0.0, "the f64 path computed in f64, not in f32");
+}
+
+#[test]
+fn precision_resolves_to_f32_on_ndarray_and_bf16_is_an_error_naming_the_setting() {
+    let device = Default::default();
+    assert_eq!(Precision::Auto.resolve::<NdArray>(&device).unwrap(), FloatDType::F32);
+    assert_eq!(Precision::F32.resolve::<NdArray>(&device).unwrap(), FloatDType::F32);
+    let e = Precision::Bf16.resolve::<NdArray>(&device).unwrap_err().to_string();
+    assert!(e.contains("precision") && e.contains("bf16"), "{e}");
+
+    let dir = std::env::temp_dir().join(format!("tpgrpo-precision-{}", std::process::id()));
+    let config = tpgrpo::toy::train_config()
+        .with_sources(None, &["precision=bf16".to_string()])
+        .expect("bf16 is a valid setting");
+    let reward = tpgrpo::toy::reward("toy-alignment").unwrap();
+    let e = tpgrpo::toy::trainer::<B>(config, reward, &dir, &device).err().expect("refused");
+    assert!(e.to_string().contains("precision"), "{e}");
+    let e = tpgrpo::toy::train_config()
+        .with_sources(None, &["precision=fp16".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("precision"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,234 @@
+//! Reliability of a training run against careless input (issue 21): run folders are not
+//! mixed, divergence and bad state stop the run naming what went non-finite, resume refuses
+//! exactly what it cannot continue and never leaves the run folder, sizes are checked before
+//! anything is allocated.
+
+mod common;
+
+use std::path::Path;
+
+use tpgrpo::backend::{Backend as B, TrainBackend};
+use tpgrpo::toy::{self, ToyPipeline, ToyScorer};
+use tpgrpo::train::{TrainConfig, Trainer};
+use tpgrpo::weights::{save_safetensors, WeightFiles};
+
+fn config(extra: &[&str]) -> TrainConfig {
+    let mut sets: Vec<String> = [
+        "epochs=1",
+        "prompts_per_epoch=2",
+        "group_size=2",
+        "rollout_batch=4",
+        "train_batch=4",
+        "optimizer_steps_per_epoch=1",
+        "rollout.num_steps=3",
+        "rollout.window_size=1",
+        "eval_every=0",
+        "save_every=1",
+        "seed=3",
+        "objective.objective=flow-grpo",
+    ]
+    .map(String::from)
+    .into();
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    toy::train_config().with_sources(None, &sets).unwrap()
+}
+
+fn trainer(cfg: TrainConfig, out: &Path) -> Trainer<TrainBackend, ToyPipeline<B>> {
+    // The dense reward: groups of two practically never tie, so every epoch takes a step.
+    toy::trainer(cfg, toy::reward("toy-alignment").unwrap(), out, &Default::default()).unwrap()
+}
+
+#[test]
+fn a_fresh_run_in_another_runs_folder_is_refused_and_nothing_is_mixed() {
+    let out = common::scratch("rel-folder");
+    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let e = trainer(config(&["epochs=2"]), &out).train(|_| {}).unwrap_err().to_string();
+    assert!(e.contains("holds another run") && e.contains("metrics.jsonl"), "{e}");
+    assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(), metrics);
+    // The same run continues with --resume.
+    let mut t = trainer(config(&["epochs=2"]), &out);
+    t.resume().unwrap();
+    t.train(|_| {}).unwrap();
+    assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn divergence_stops_the_run_naming_the_adapter_before_a_checkpoint_is_written() {
+    let out = common::scratch("rel-diverge");
+    // Flow-GRPO with these seeds has an informative sample in epoch 1, so a step is taken.
+    let e = trainer(config(&["optimizer.lr=1e39"]), &out).train(|_| {}).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, tpgrpo::Error::NonFinite { .. }) && text.contains("after optimizer step 1"),
+        "{text}"
+    );
+    assert!(!out.join("checkpoints").exists(), "a checkpoint was written with NaN adapters");
+}
+
+/// Rewrites `state.safetensors` of `dir` through `edit` on its `(key, shape, values)` list.
+fn rewrite_state(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
+    let path = dir.join("state.safetensors");
+    let files = WeightFiles::open(&path).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = files
+        .keys()
+        .map(|k| (k.to_string(), files.info(k).unwrap().shape.clone(), files.read_f32(k).unwrap()))
+        .collect();
+    drop(files);
+    edit(&mut tensors);
+    save_safetensors(&path, &tensors).unwrap();
+}
+
+#[test]
+fn resume_validates_the_whole_state_and_names_what_is_wrong() {
+    let out = common::scratch("rel-state");
+    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    let ckpt = out.join("checkpoints/epoch-00001");
+    let saved = std::fs::read(ckpt.join("state.safetensors")).unwrap();
+    let resume = || trainer(config(&["epochs=2"]), &out).resume().unwrap_err().to_string();
+
+    rewrite_state(&ckpt, |t| t.retain(|(k, _, _)| !k.starts_with("exp_avg.")));
+    let e = resume();
+    assert!(e.contains("`exp_avg.") && e.contains("is missing"), "{e}");
+
+    std::fs::write(ckpt.join("state.safetensors"), &saved).unwrap();
+    rewrite_state(&ckpt, |t| {
+        let moment = t.iter_mut().find(|(k, _, _)| k.starts_with("exp_avg_sq.")).unwrap();
+        moment.1 = vec![moment.2.len(), 1];
+    });
+    let e = resume();
+    assert!(e.contains("`exp_avg_sq.") && e.contains("has shape"), "{e}");
+
+    std::fs::write(ckpt.join("state.safetensors"), &saved).unwrap();
+    rewrite_state(&ckpt, |t| {
+        t.iter_mut().find(|(k, _, _)| k.starts_with("ema.")).unwrap().2[0] = f32::NAN
+    });
+    let e = resume();
+    assert!(e.contains("`ema.") && e.contains("NaN or infinite"), "{e}");
+}
+
+#[test]
+fn resume_refuses_changes_that_break_exactness_naming_each_and_allows_harmless_ones() {
+    let out = common::scratch("rel-settings");
+    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    let e = trainer(config(&["epochs=2", "optimizer.lr=0.5", "lora.rank=4"]), &out)
+        .resume()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`optimizer.lr` was 0.001, now 0.5") && e.contains("`lora.rank`"), "{e}");
+    assert!(!e.contains("`epochs`"), "{e}");
+    let mut t = trainer(config(&["epochs=2", "save_every=2", "eval_every=5"]), &out);
+    t.resume().expect("epochs, save_every and eval_every may change");
+    assert_eq!(t.epoch, 1);
+
+    // The model and resolution are recorded; another one is refused.
+    let state = out.join("checkpoints/epoch-00001/trainer_state.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["run"]["latent_shape"] = serde_json::json!([3, 64, 64]);
+    std::fs::write(&state, json.to_string()).unwrap();
+    let e = trainer(config(&["epochs=2"]), &out).resume().unwrap_err().to_string();
+    assert!(e.contains("another model or resolution"), "{e}");
+    std::fs::write(&state, text).unwrap();
+}
+
+#[test]
+fn resume_falls_back_to_the_newest_complete_checkpoint_and_never_leaves_the_run_folder() {
+    let out = common::scratch("rel-latest");
+    trainer(config(&["epochs=2"]), &out).train(|_| {}).unwrap();
+    let latest = out.join("checkpoints/latest");
+    // A kill before `latest` was written, with a half-written later checkpoint beside.
+    std::fs::remove_file(&latest).unwrap();
+    std::fs::create_dir_all(out.join("checkpoints/epoch-00003")).unwrap();
+    let mut t = trainer(config(&["epochs=3"]), &out);
+    t.resume().unwrap();
+    assert_eq!(t.epoch, 2, "epoch-00003 has no trainer_state.json: not complete");
+
+    for evil in ["../../outside", "/etc", "epoch-00001/../../x"] {
+        std::fs::write(&latest, evil).unwrap();
+        let e = trainer(config(&["epochs=3"]), &out).resume().unwrap_err().to_string();
+        assert!(e.contains("not a checkpoint folder name"), "{evil}: {e}");
+    }
+}
+
+#[test]
+fn sizes_are_checked_before_anything_is_allocated_naming_the_field() {
+    let e = toy::train_config()
+        .with_sources(None, &["rollout.num_steps=1000000000000".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.num_steps"), "{e}");
+    let dir = common::scratch("rel-sizes");
+    let e = toy::trainer::<TrainBackend>(
+        config(&["lora.rank=100000000"]),
+        Box::new(ToyScorer),
+        &dir,
+        &Default::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("lora.rank"), "{e}");
+    let e = tpgrpo::pipeline::Sd3Pipeline::<B>::load(&dir, 0, &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("max_sequence_length"), "{e}");
+    let mmdit = tpgrpo::model::MMDiTConfig::new();
+    let e = tpgrpo::pipeline::image_to_latent_size(&mmdit, 8, [1_000_000, 512]).unwrap_err();
+    assert!(e.to_string().contains("position table"), "{e}");
+    tpgrpo::pipeline::image_to_latent_size(&mmdit, 8, [1024, 512]).expect("within the table");
+}
+
+/// Opens `path` and reads every tensor; `Err` on the first failure.
+fn read_all(path: &Path) -> tpgrpo::Result<usize> {
+    let files = WeightFiles::open(path)?;
+    let keys: Vec<String> = files.keys().map(str::to_string).collect();
+    let mut n = 0;
+    for k in &keys {
+        n += files.read_f32(k)?.len();
+    }
+    Ok(n)
+}
+
+#[test]
+fn the_safetensors_reader_never_panics_on_truncated_or_corrupted_files() {
+    let dir = common::scratch("rel-fuzz");
+    let path = dir.join("valid.safetensors");
+    let tensors = vec![
+        ("a.weight".to_string(), vec![3, 4], (0..12).map(|i| i as f32).collect()),
+        ("b".to_string(), vec![5], vec![0.5; 5]),
+        ("c.bias".to_string(), vec![2, 1, 2], vec![-1.0; 4]),
+    ];
+    save_safetensors(&path, &tensors).unwrap();
+    let valid = std::fs::read(&path).unwrap();
+    assert_eq!(read_all(&path).unwrap(), 21);
+    let mut rng = tpgrpo::rng::SplitMix64(21);
+    let bad = dir.join("bad.safetensors");
+    let (mut errors, mut loads) = (0, 0);
+    for case in 0..600 {
+        let mut bytes = valid.clone();
+        if case % 3 == 0 {
+            bytes.truncate(rng.range(0, valid.len() - 1));
+        } else {
+            // Half the flips on the 8-byte length and the JSON header, where parsing is.
+            let flips = 1 + rng.range(0, 3);
+            for _ in 0..flips {
+                let at = if rng.uniform() < 0.5 {
+                    rng.range(0, 120)
+                } else {
+                    rng.range(0, valid.len() - 1)
+                };
+                bytes[at] ^= 1 << rng.range(0, 7);
+            }
+        }
+        std::fs::write(&bad, &bytes).unwrap();
+        match std::panic::catch_unwind(|| read_all(&bad)) {
+            Ok(Ok(_)) => loads += 1,
+            Ok(Err(_)) => errors += 1,
+            Err(_) => panic!("case {case}: the reader panicked on {} bytes", bytes.len()),
+        }
+    }
+    // Both outcomes occur: the cases reach the parser's error paths and its success path.
+    assert!(errors > 100 && loads > 10, "{errors} errors, {loads} loads");
+}
