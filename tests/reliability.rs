@@ -232,3 +232,46 @@ fn the_safetensors_reader_never_panics_on_truncated_or_corrupted_files() {
     // Both outcomes occur: the cases reach the parser's error paths and its success path.
     assert!(errors > 100 && loads > 10, "{errors} errors, {loads} loads");
 }
+
+#[test]
+fn oversized_transformer_configs_are_refused_naming_the_file_and_fields() {
+    let dir = common::scratch("rel-config");
+    let path = dir.join("config.json");
+    let base = serde_json::json!({
+        "sample_size": 8, "patch_size": 2, "in_channels": 4, "num_layers": 1,
+        "attention_head_dim": 8, "num_attention_heads": 2, "joint_attention_dim": 12,
+        "caption_projection_dim": 16, "pooled_projection_dim": 6, "out_channels": 4,
+        "pos_embed_max_size": 6
+    });
+    let write = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = base.clone();
+        edit(&mut v);
+        std::fs::write(&path, v.to_string()).unwrap();
+        tpgrpo::model::MMDiTConfig::load_json(&path)
+    };
+    write(&|_| {}).expect("the base configuration is valid");
+    for (field, value) in [("num_layers", 1_000_000_000u64), ("pos_embed_max_size", 10_000_000)] {
+        let e = write(&|v| v[field] = value.into()).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains(field) && e.contains("parameters"), "{e}");
+    }
+    // A byte-order mark (some editors write one) is not an error.
+    std::fs::write(&path, format!("\u{feff}{base}")).unwrap();
+    tpgrpo::model::MMDiTConfig::load_json(&path).expect("BOM accepted");
+    let settings = dir.join("settings.json");
+    std::fs::write(&settings, "\u{feff}{\"epochs\": 3}").unwrap();
+    let c = toy::train_config().with_sources(Some(&settings), &[]).expect("BOM accepted");
+    assert_eq!(c.epochs, 3);
+}
+
+#[test]
+fn nested_settings_are_named_by_their_dotted_path() {
+    let error = |set: &str| {
+        toy::train_config().with_sources(None, &[set.to_string()]).unwrap_err().to_string()
+    };
+    let e = error("objective.kl_beta=-1");
+    assert!(e.contains("`objective.kl_beta`"), "{e}");
+    let e = error("rollout.window_start=5");
+    assert!(e.contains("`rollout.window_start/window_size`"), "{e}");
+    let e = error("lora.rank=0");
+    assert!(e.contains("`lora.rank`") && !e.contains("lora.lora"), "{e}");
+}

@@ -263,7 +263,7 @@ fn invalid_settings_name_the_field() {
     let base = toy::train_config();
     let cases = [
         ("group_size=1", "group_size"),
-        ("rollout.window_size=10", "rollout.window_size"),
+        ("rollout.window_size=10", "rollout.window_start/window_size"),
         ("lora.rank=0", "lora.rank"),
         ("optimizer.lr=-1", "optimizer.lr"),
         ("objective.objective=ppo", "objective.objective"),

@@ -368,6 +368,11 @@ impl<B: Backend> Sd3Pipeline<B> {
         }
         let transformer = MMDiT::load(dir.join("transformer"), device)?;
         let (c, s) = (transformer.config.in_channels, transformer.config.sample_size);
+        // The native size is the default image size: it must fit the position table before
+        // any latent of that size is allocated.
+        image_to_latent_size(&transformer.config, 1, [s, s]).map_err(|e| {
+            Error::format(dir.join("transformer/config.json"), format!("`sample_size`: {e}"))
+        })?;
         Ok(Sd3Pipeline {
             conditioner: Sd3Conditioner::load(dir, max_sequence_length, [c, s, s], device)?,
             transformer,

@@ -58,7 +58,7 @@ impl RolloutConfig {
         }
         if self.window().end >= self.num_steps {
             return Err(Error::config(
-                "window_size",
+                "window_start/window_size",
                 format!(
                     "window {:?} reaches step {} whose sigma_next is 0; trained steps must end before it",
                     self.window(),

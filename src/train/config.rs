@@ -116,7 +116,9 @@ impl TrainConfig {
         let mut updates = Vec::new();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
-            let json: Value = serde_json::from_str(&text)
+            // Editors on Windows may write a byte-order mark; JSON itself has none.
+            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+            let json: Value = serde_json::from_str(text)
                 .map_err(|e| crate::Error::format(path, e.to_string()))?;
             if !json.is_object() {
                 return Err(crate::Error::format(path, "expected a JSON object"));
@@ -168,7 +170,7 @@ impl TrainConfig {
         }
         let o = &self.optimizer;
         let checks = [
-            ("optimizer.lr", o.lr > 0.0),
+            ("optimizer.lr", o.lr > 0.0 && o.lr.is_finite()),
             ("optimizer.beta1", (0.0..1.0).contains(&o.beta1)),
             ("optimizer.beta2", (0.0..1.0).contains(&o.beta2)),
             ("optimizer.eps", o.eps > 0.0),
@@ -181,11 +183,17 @@ impl TrainConfig {
                 return Err(err(field, "out of range"));
             }
         }
-        self.rollout.schedule().map_err(|e| match e {
-            crate::Error::Config { field, message } => err(&format!("rollout.{field}"), message),
-            other => other,
-        })?;
-        self.objective.validate()?;
-        self.lora.validate()
+        // Nested settings name their fields relative to themselves; report the dotted path.
+        let nested = |prefix: &'static str| {
+            move |e| match e {
+                crate::Error::Config { field, message } if !field.starts_with(prefix) => {
+                    err(&format!("{prefix}{field}"), message)
+                }
+                other => other,
+            }
+        };
+        self.rollout.schedule().map_err(nested("rollout."))?;
+        self.objective.validate().map_err(nested("objective."))?;
+        self.lora.validate().map_err(nested("lora."))
     }
 }

@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 pub fn read_config<T: serde::de::DeserializeOwned>(path: impl AsRef<Path>) -> Result<T> {
     let path = path.as_ref();
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid config: {e}")))
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    serde_json::from_str(text).map_err(|e| Error::format(path, format!("invalid config: {e}")))
 }
 
 /// The PyTorch name of a Burn parameter path: norm `gamma` / `beta` become `weight` / `bias`.

@@ -83,6 +83,25 @@ impl MMDiTConfig {
                 return Err(Error::config(field, "must be at least 1"));
             }
         }
+        // Sizes are products of user-given numbers: bound them in f64 (no overflow) before
+        // anything is built or allocated.
+        let (d, m) = (
+            self.attention_head_dim as f64 * self.num_attention_heads as f64,
+            self.pos_embed_max_size as f64,
+        );
+        let params = self.num_layers as f64 * 40.0 * d * d
+            + m * m * d
+            + (self.joint_attention_dim + self.pooled_projection_dim) as f64 * d;
+        if params > MAX_PARAMS {
+            return Err(Error::config(
+                "num_layers/num_attention_heads/attention_head_dim/pos_embed_max_size",
+                format!(
+                    "imply about {params:.2e} parameters ({:.0} GB in f32), above the {MAX_PARAMS:.0e} \
+                     this crate builds (SD3.5-large has 8.1e9)",
+                    params * 4e-9
+                ),
+            ));
+        }
         if self.caption_projection_dim != self.hidden_size() {
             return Err(Error::config(
                 "caption_projection_dim",
@@ -117,12 +136,14 @@ impl MMDiTConfig {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_json_str(&text).map_err(|e| match e {
             Error::Format { message, .. } => Error::format(path, message),
+            Error::Config { field, message } => Error::format(path, format!("`{field}` {message}")),
             other => other,
         })
     }
 
     /// Parses a diffusers-style JSON configuration (see [`MMDiTConfig::load_json`]).
     pub fn from_json_str(text: &str) -> crate::Result<Self> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut value: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::format("<config>", format!("invalid JSON: {e}")))?;
         let object = value.as_object_mut().ok_or_else(|| {
@@ -170,3 +191,7 @@ impl MMDiTConfig {
         serde_json::to_string_pretty(&value).expect("config serialises")
     }
 }
+
+/// The most parameters a configuration may imply (SD3.5-large has 8.1e9): larger sizes in a
+/// `config.json` are refused before anything is built.
+pub const MAX_PARAMS: f64 = 2e11;
