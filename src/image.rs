@@ -58,6 +58,17 @@ pub(crate) fn write_png(img: &RgbImage, path: &Path) -> Result<()> {
     })
 }
 
+/// Reads an image file (PNG) as RGB; other colour types are converted (alpha dropped) as
+/// PIL's `convert("RGB")` does.
+pub fn load_png(path: &Path) -> Result<Image> {
+    let decoded = ::image::open(path)
+        .map_err(|e| Error::format(path, format!("cannot read the image: {e}")))?
+        .to_rgb8();
+    let (width, height) = (decoded.width() as usize, decoded.height() as usize);
+    let pixels = decoded.into_raw().into_iter().map(|v| v as f32 / 255.0).collect();
+    Ok(Image { width, height, pixels })
+}
+
 /// Writes one image as a PNG, atomically.
 pub fn save_png(path: &Path, image: &Image) -> Result<()> {
     let out = RgbImage::from_raw(image.width as u32, image.height as u32, image.to_u8())

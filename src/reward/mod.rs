@@ -1,5 +1,11 @@
 //! Rewards: a batched scorer of images given their prompts, and weighted sums of scorers.
 
+mod aesthetic;
+mod clip;
+
+pub use aesthetic::{Aesthetic, AestheticMlp};
+pub use clip::{ClipSimilarity, CLIPSCORE_DIVISOR, CLIP_BATCH, PICKSCORE_DIVISOR};
+
 use crate::image::Image;
 
 use crate::error::{Error, Result};

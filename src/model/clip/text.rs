@@ -1,16 +1,15 @@
-//! The CLIP text encoder of SD3 (transformers' `CLIPTextModelWithProjection`): CLIP-L
-//! (`text_encoder/`) and CLIP-G (`text_encoder_2/`), loaded from transformers safetensors.
+//! CLIP's text tower (transformers' `CLIPTextModelWithProjection`): SD3's CLIP-L
+//! (`text_encoder/`) and CLIP-G (`text_encoder_2/`), and the text half of a `CLIPModel`.
 //!
 //! Module fields carry the checkpoint names (`text_model.encoder.layers.N.self_attn.q_proj`);
 //! only norm `gamma` / `beta` differ (`weight` / `bias`).
 
 use std::path::Path;
 
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, sigmoid};
 
-use crate::model::attention::{self_attention, Scores};
+use super::encoder::{validate_shape, ClipEncoder, EncoderShape};
 use crate::weights::{load_folder, torch_param_name, Source};
 
 /// A CLIP text encoder's `config.json` (the fields SD3 uses).
@@ -45,18 +44,7 @@ pub struct ClipTextConfig {
 impl ClipTextConfig {
     /// Checks the configuration; errors name the field.
     pub fn validate(&self) -> crate::Result<()> {
-        if !matches!(self.hidden_act.as_str(), "quick_gelu" | "gelu") {
-            return Err(crate::Error::config(
-                "hidden_act",
-                format!("expected \"quick_gelu\" or \"gelu\", found {:?}", self.hidden_act),
-            ));
-        }
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
-            return Err(crate::Error::config(
-                "num_attention_heads",
-                format!("must divide hidden_size {}", self.hidden_size),
-            ));
-        }
+        validate_shape(&self.hidden_act, self.hidden_size, self.num_attention_heads)?;
         if self.num_hidden_layers < 2 {
             return Err(crate::Error::config(
                 "num_hidden_layers",
@@ -70,26 +58,15 @@ impl ClipTextConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> crate::Result<ClipTextModel<B>> {
         self.validate()?;
         let d = self.hidden_size;
-        let ln = || LayerNormConfig::new(d).with_epsilon(self.layer_norm_eps).init(device);
-        let linear = |i, o| LinearConfig::new(i, o).init(device);
-        let layers = (0..self.num_hidden_layers)
-            .map(|_| ClipEncoderLayer {
-                self_attn: ClipAttention {
-                    q_proj: linear(d, d),
-                    k_proj: linear(d, d),
-                    v_proj: linear(d, d),
-                    out_proj: linear(d, d),
-                    heads: self.num_attention_heads,
-                },
-                layer_norm1: ln(),
-                mlp: ClipMlp {
-                    fc1: linear(d, self.intermediate_size),
-                    fc2: linear(self.intermediate_size, d),
-                    quick_gelu: self.hidden_act == "quick_gelu",
-                },
-                layer_norm2: ln(),
-            })
-            .collect();
+        let shape = EncoderShape {
+            width: d,
+            intermediate: self.intermediate_size,
+            layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            eps: self.layer_norm_eps,
+            quick_gelu: self.hidden_act == "quick_gelu",
+            causal: true,
+        };
         Ok(ClipTextModel {
             text_model: ClipTextTransformer {
                 embeddings: ClipEmbeddings {
@@ -97,8 +74,8 @@ impl ClipTextConfig {
                     position_embedding: EmbeddingConfig::new(self.max_position_embeddings, d)
                         .init(device),
                 },
-                encoder: ClipEncoder { layers },
-                final_layer_norm: ln(),
+                encoder: shape.init(device),
+                final_layer_norm: shape.norm(device),
             },
             text_projection: LinearConfig::new(d, self.projection_dim)
                 .with_bias(false)
@@ -117,78 +94,6 @@ pub struct ClipEmbeddings<B: Backend> {
     pub token_embedding: Embedding<B>,
     /// `[77, D]`.
     pub position_embedding: Embedding<B>,
-}
-
-/// Multi-head self-attention with a causal mask.
-#[derive(Module, Debug)]
-pub struct ClipAttention<B: Backend> {
-    /// Query projection.
-    pub q_proj: Linear<B>,
-    /// Key projection.
-    pub k_proj: Linear<B>,
-    /// Value projection.
-    pub v_proj: Linear<B>,
-    /// Output projection.
-    pub out_proj: Linear<B>,
-    heads: usize,
-}
-
-impl<B: Backend> ClipAttention<B> {
-    /// `softmax(q k^T / sqrt(Dh) + causal mask) v` over `heads` heads of `x: [B, T, D]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let q = self.q_proj.forward(x.clone());
-        let k = self.k_proj.forward(x.clone());
-        let v = self.v_proj.forward(x);
-        let causal = Scores { scale: None, causal: true };
-        self.out_proj.forward(self_attention(q, k, v, self.heads, causal))
-    }
-}
-
-/// Two-layer MLP with quick-GELU `x sigmoid(1.702 x)` (CLIP-L) or exact GELU (CLIP-G).
-#[derive(Module, Debug)]
-pub struct ClipMlp<B: Backend> {
-    /// `D -> intermediate`.
-    pub fc1: Linear<B>,
-    /// `intermediate -> D`.
-    pub fc2: Linear<B>,
-    quick_gelu: bool,
-}
-
-impl<B: Backend> ClipMlp<B> {
-    /// `fc2(act(fc1 x))`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let h = self.fc1.forward(x);
-        let h = if self.quick_gelu { h.clone() * sigmoid(h * 1.702) } else { gelu(h) };
-        self.fc2.forward(h)
-    }
-}
-
-/// Pre-norm encoder layer.
-#[derive(Module, Debug)]
-pub struct ClipEncoderLayer<B: Backend> {
-    /// Causal self-attention.
-    pub self_attn: ClipAttention<B>,
-    /// Norm before attention.
-    pub layer_norm1: LayerNorm<B>,
-    /// Feed-forward.
-    pub mlp: ClipMlp<B>,
-    /// Norm before the MLP.
-    pub layer_norm2: LayerNorm<B>,
-}
-
-impl<B: Backend> ClipEncoderLayer<B> {
-    /// `x + attn(ln1 x)`, then `+ mlp(ln2 .)`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
-        x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
-    }
-}
-
-/// The stack of encoder layers.
-#[derive(Module, Debug)]
-pub struct ClipEncoder<B: Backend> {
-    /// Layers in order.
-    pub layers: Vec<ClipEncoderLayer<B>>,
 }
 
 /// Embeddings, encoder and final norm (`text_model.*`).
