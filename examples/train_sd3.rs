@@ -3,9 +3,11 @@
 //! With no arguments it trains the embedded toy model (`models/toy/`, coloured shapes) on the
 //! CPU with the dense prompt-alignment reward (`--reward toy-geneval`: the rule-based
 //! GenEval-like scorer) and prints the held-out reward and the GenEval-style checks before and
-//! after. `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings on
-//! the toy task's prompts and reward until a learned reward model exists; `--features cuda`
-//! selects the GPU backend; `--objective flow-grpo` the baseline.
+//! after. `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings, on
+//! a flow_grpo prompt folder (`--prompts DIR`) with real rewards (`--reward pickscore=DIR`,
+//! `--reward aesthetic=DIR:0.5`, ...; several are summed with their weights), or on the toy
+//! task's prompts and reward; `--features cuda` selects the GPU backend; `--objective
+//! flow-grpo` the baseline.
 
 use std::path::PathBuf;
 
@@ -14,6 +16,8 @@ use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::precision::dtype_name;
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
+use tpgrpo::prompts::PromptSet;
+use tpgrpo::reward::{load_rewards, Report, Reward, RewardSpec};
 use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
 
@@ -27,9 +31,15 @@ struct Args {
     /// `tp-grpo` or `flow-grpo`.
     #[arg(long, default_value = "tp-grpo")]
     objective: String,
-    /// `toy-alignment` (dense prompt alignment) or `toy-geneval` (the rule-based scorer).
-    #[arg(long, default_value = "toy-alignment")]
-    reward: String,
+    /// A reward, repeatable, each `KIND=PATH[:WEIGHT]` (`pickscore=DIR`, `clipscore=DIR`,
+    /// `aesthetic=DIR|FILE.pth`) or `toy-alignment` / `toy-geneval` (the toy task's dense
+    /// alignment reward / rule-based scorer); several are summed with their weights.
+    #[arg(long = "reward", default_value = "toy-alignment")]
+    rewards: Vec<String>,
+    /// A flow_grpo prompt folder (`train.txt` + `test.txt`, or `*_metadata.jsonl`); needs
+    /// `--model`. Without it, the toy task's prompts.
+    #[arg(long, requires = "model")]
+    prompts: Option<PathBuf>,
     /// A JSON file of settings (any subset of TrainConfig, nested).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -58,8 +68,23 @@ fn main() {
 }
 
 /// The report's rates as `name value` pairs.
+/// The `--reward` values as one reward on `device`.
+fn rewards(args: &Args, device: &backend::Device) -> tpgrpo::Result<Box<dyn Reward>> {
+    let specs = args.rewards.iter().map(|r| RewardSpec::parse(r)).collect::<Result<Vec<_>, _>>()?;
+    load_rewards::<Backend>(&specs, device, &toy::reward)
+}
+
 fn report_line(m: &EpochMetrics) -> String {
     m.eval_report.iter().map(|(k, v)| format!("  {k} {v:.3}")).collect()
+}
+
+/// Each reward's mean when several are summed.
+fn terms_line(m: &EpochMetrics) -> String {
+    if m.reward_terms.len() < 2 {
+        return String::new();
+    }
+    let terms: String = m.reward_terms.iter().map(|(k, v)| format!("  {k} {v:.4}")).collect();
+    format!("\n           rewards{terms}")
 }
 
 fn print_epoch(m: &EpochMetrics) {
@@ -67,7 +92,7 @@ fn print_epoch(m: &EpochMetrics) {
         (0, Some(r)) => println!("before training: held-out reward {r:.4}{}", report_line(m)),
         (_, eval) => println!(
             "epoch {:3}  reward {:.4} ± {:.4}  turning points {:3} (+{} / -{})  ratio {:.5}  \
-             clip {:.2}/{:.2}  kl {:.2e}  nfe {:.0}  {:.1} s{}",
+             clip {:.2}/{:.2}  kl {:.2e}  nfe {:.0}  {:.1} s{}{}",
             m.epoch,
             m.reward_mean,
             m.reward_std,
@@ -80,6 +105,7 @@ fn print_epoch(m: &EpochMetrics) {
             m.loss.kl,
             m.nfe_per_sample,
             m.seconds,
+            terms_line(m),
             eval.map(|r| format!("\n           held-out {r:.4}{}", report_line(m)))
                 .unwrap_or_default()
         ),
@@ -110,7 +136,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         "tpgrpo train_sd3: embedded toy task, {} with {} on {} ({}), {} epochs of {} prompts x \
          {}, output {}",
         objective,
-        args.reward,
+        args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(&device)?),
         config.epochs,
@@ -118,7 +144,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         config.group_size,
         out.display()
     );
-    let reward = toy::reward(&args.reward)?;
+    let reward = rewards(&args, &device)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     if args.resume {
         trainer.resume()?;
@@ -167,6 +193,18 @@ fn train_diffusers(
         PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
     });
     run_dir::claim(&out, start(args))?;
+    // Prompts and rewards first: a wrong path fails before the transformer is read.
+    let (train_prompts, eval_prompts, report_checks) = match &args.prompts {
+        Some(p) => {
+            let set = PromptSet::load(p)?;
+            (set.train, set.test, None)
+        }
+        None => {
+            let checks: Box<dyn Report> = Box::new(ToyChecks);
+            (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), Some(checks))
+        }
+    };
+    let reward = rewards(args, device)?;
     let transformer = MMDiT::<TrainBackend>::load(dir, device)?;
     let (c, r) = (transformer.config.in_channels, args.resolution);
     let [h, w] = image_to_latent_size(&transformer.config, 8, [r, r]).map_err(|e| match e {
@@ -176,29 +214,24 @@ fn train_diffusers(
     let latent = [c, h, w];
     let conditioner = Sd3Conditioner::<Backend>::load(dir, DEFAULT_T5_LENGTH, latent, device)?;
     println!(
-        "tpgrpo train_sd3: {} with {} on {} ({}), {} epochs of {} prompts x {} at {}px, output {}",
+        "tpgrpo train_sd3: {} with {} and {} on {} ({}), {} epochs of {} prompts x {} at {}px, \
+         {} training prompts ({}), output {}",
         dir.display(),
         config.objective.objective.name(),
+        args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(device)?),
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
         args.resolution,
+        train_prompts.len(),
+        args.prompts.as_ref().map_or("the toy task's".into(), |p| p.display().to_string()),
         out.display()
     );
-    let mut trainer = Trainer::new(
-        config,
-        transformer,
-        Task {
-            pipeline: conditioner,
-            reward: toy::reward(&args.reward)?,
-            train_prompts: toy::prompts(toy::Split::Train),
-            eval_prompts: toy::prompts(toy::Split::Eval),
-            report: Some(Box::new(ToyChecks)),
-        },
-        &out,
-    )?;
+    let task =
+        Task { pipeline: conditioner, reward, train_prompts, eval_prompts, report: report_checks };
+    let mut trainer = Trainer::new(config, transformer, task, &out)?;
     if args.resume {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);

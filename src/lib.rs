@@ -23,6 +23,7 @@ pub mod image;
 pub mod model;
 pub mod overrides;
 pub mod pipeline;
+pub mod prompts;
 pub mod reward;
 pub mod rng;
 pub mod sampler;

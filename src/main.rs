@@ -9,6 +9,7 @@ use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
 use tpgrpo::model::precision::cast_params;
 use tpgrpo::model::Precision;
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
+use tpgrpo::reward::{load_rewards, score_terms, RewardSpec};
 use tpgrpo::Error;
 
 /// tpgrpo: TP-GRPO fine-tuning tools.
@@ -68,6 +69,21 @@ enum Command {
         #[arg(long, default_value = "auto")]
         precision: Precision,
     },
+    /// Score images on disk with rewards, as training would (check a reward before a long run);
+    /// prints JSON.
+    Score {
+        /// A reward, repeatable: `KIND=PATH[:WEIGHT]` (`pickscore=DIR`, `clipscore=DIR`,
+        /// `aesthetic=DIR|FILE.pth`) or `toy-alignment` / `toy-geneval`.
+        #[arg(long = "reward", required = true)]
+        rewards: Vec<String>,
+        /// Prompt file (`.txt`: one a line; `.jsonl`: flow_grpo metadata lines): one prompt per
+        /// image, in order, or a single prompt for every image.
+        #[arg(long)]
+        prompts: PathBuf,
+        /// The images (PNG).
+        #[arg(long, required = true, num_args = 1..)]
+        images: Vec<PathBuf>,
+    },
     /// Check the selected backend stage by stage (device, matmul, element-wise, attention, toy
     /// forward, LoRA backward, one toy epoch), printing each stage's time as it goes.
     Doctor {
@@ -105,6 +121,7 @@ fn main() {
                 .with_negative_prompt(negative_prompt);
             sample(&model, &prompt, seed, max_sequence_length, precision, &config, &out)
         }
+        Command::Score { rewards, prompts, images } => score(&rewards, &prompts, &images),
         Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
     };
     if let Err(e) = result {
@@ -144,6 +161,44 @@ fn sample(
     let images = pipe.generate(&[prompt], &[seed], config)?;
     tpgrpo::image::save_png(out, &images[0])?;
     println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
+    Ok(())
+}
+
+fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> tpgrpo::Result<()> {
+    let mut prompts = tpgrpo::prompts::read_prompts(prompts)?;
+    if prompts.len() == 1 {
+        prompts = vec![prompts[0].clone(); images.len()];
+    }
+    if prompts.len() != images.len() {
+        return Err(Error::config(
+            "prompts",
+            format!(
+                "{} prompts for {} images (give one per image, or one)",
+                prompts.len(),
+                images.len()
+            ),
+        ));
+    }
+    let loaded =
+        images.iter().map(|p| tpgrpo::image::load_png(p)).collect::<tpgrpo::Result<Vec<_>>>()?;
+    let device = backend::init()?;
+    let specs = rewards.iter().map(|r| RewardSpec::parse(r)).collect::<tpgrpo::Result<Vec<_>>>()?;
+    let reward = load_rewards::<Backend>(&specs, &device, &tpgrpo::toy::reward)?;
+    let mut rows = Vec::with_capacity(images.len());
+    // One image at a time: images on disk may differ in size.
+    for ((path, image), prompt) in images.iter().zip(loaded).zip(&prompts) {
+        let (total, terms) = score_terms(reward.as_ref(), &[image], std::slice::from_ref(prompt))?;
+        let terms: serde_json::Map<String, serde_json::Value> =
+            terms.into_iter().map(|t| (t.name, t.scores[0].into())).collect();
+        rows.push(serde_json::json!({
+            "image": path.display().to_string(),
+            "prompt": prompt.text,
+            "score": total[0],
+            "terms": terms,
+        }));
+    }
+    let out = serde_json::json!({ "reward": rewards, "scores": rows });
+    println!("{}", serde_json::to_string_pretty(&out).expect("scores serialise"));
     Ok(())
 }
 

@@ -73,7 +73,8 @@ fn clipscore_matches_transformers() {
 #[test]
 fn aesthetic_matches_the_reference_mlp() {
     let f = fixtures();
-    let reward = Aesthetic::<B>::load(f.join("aesthetic.pth"), f.join("clip"), &common::device());
+    let reward =
+        Aesthetic::<B>::load(f.join("clip/aesthetic.pth"), f.join("clip"), &common::device());
     check(&reward.unwrap(), "aesthetic");
 }
 

@@ -2,6 +2,8 @@
 //! sampling policy, ODE completions of the trained steps' states (TP-GRPO), decoding and
 //! rewards, gathered into a [`Batch`] whose reward rows say which objective they serve.
 
+use std::collections::BTreeMap;
+
 use burn::prelude::*;
 use indicatif::ProgressBar;
 
@@ -10,7 +12,7 @@ use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::grpo::{Objective, RewardRows};
 use crate::model::MMDiT;
-use crate::reward::{score_checked, Prompt, Reward};
+use crate::reward::{score_terms, Prompt, Reward, Term};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::{ode_completions, rollout, seeded_noise, Conditioning, Rollout, TextToImage};
 
@@ -30,6 +32,8 @@ pub struct Batch<B: Backend> {
     pub empty: Conditioning<B>,
     /// Transformer evaluations, summed over samples.
     pub nfe: usize,
+    /// Each reward term's unweighted scores of the final images, in sample order.
+    pub reward_terms: BTreeMap<String, Vec<f64>>,
 }
 
 /// The `P` distinct prompts of epoch `epoch`: the first `P` of a seeded shuffle of the
@@ -83,6 +87,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         let mut old: Vec<Vec<Tensor<B, 1>>> = vec![Vec::new(); cfg.rollout.window().len()];
         let mut rewards = RewardRows::empty(cfg.objective.objective);
         let mut nfe = 0;
+        let mut reward_terms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         pb.set_length(total as u64);
         pb.set_position(0);
         for start in (0..total).step_by(cfg.rollout_batch) {
@@ -94,8 +99,11 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
                 cond: cond.select(&ids),
                 uncond: empty.select(&vec![0; rows.len()]),
             };
-            let (r, chunk_rewards, chunk_nfe) = self.sample_chunk(&chunk)?;
+            let (r, chunk_rewards, terms, chunk_nfe) = self.sample_chunk(&chunk)?;
             rewards.extend(chunk_rewards)?;
+            for term in terms {
+                reward_terms.entry(term.name).or_default().extend(term.scores);
+            }
             nfe += chunk_nfe;
             for (k, latent) in r.latents.into_iter().enumerate() {
                 states[k].push(latent);
@@ -113,19 +121,21 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             cond,
             empty,
             nfe,
+            reward_terms,
         })
     }
 
-    /// One chunk's rollout, its reward rows and its transformer evaluations (summed over
-    /// samples).
-    fn sample_chunk(&self, chunk: &Chunk<B>) -> Result<(Rollout<B>, RewardRows, usize)> {
+    /// One chunk's rollout, its reward rows, the reward terms of its final images and its
+    /// transformer evaluations (summed over samples).
+    fn sample_chunk(&self, chunk: &Chunk<B>) -> Result<(Rollout<B>, RewardRows, Vec<Term>, usize)> {
         let cfg = self.config;
         let device = self.policy.devices()[0].clone();
         let shape = self.pipeline.latent_shape();
         let (c, u) = (&chunk.cond, &chunk.uncond);
         let r = rollout(self.policy, &cfg.rollout, &chunk.seeds, shape, c, u, &device)?;
         let b = chunk.seeds.len();
-        let finals = self.score(r.latents[cfg.rollout.num_steps].clone(), &chunk.prompts)?;
+        let (finals, terms) =
+            self.score(r.latents[cfg.rollout.num_steps].clone(), &chunk.prompts)?;
         let mut nfe = r.nfe * b;
         let rows = match cfg.objective.objective {
             Objective::FlowGrpo => RewardRows::Finals(finals),
@@ -138,7 +148,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
                 RewardRows::Sequences(seqs)
             }
         };
-        Ok((r, rows, nfe))
+        Ok((r, rows, terms, nfe))
     }
 
     /// `[R_ode, R_1, .., R_{n-1}]` of each sample: rewards of the ODE completions of the state
@@ -163,21 +173,22 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         let (done, extra) = ode_completions(self.policy, &r.schedule, &starts, c, u, g)?;
         let mut seqs: Vec<Vec<f64>> = vec![Vec::with_capacity(window.len() + 1); chunk.seeds.len()];
         for latent in done {
-            for (s, v) in seqs.iter_mut().zip(self.score(latent, &chunk.prompts)?) {
+            for (s, v) in seqs.iter_mut().zip(self.score(latent, &chunk.prompts)?.0) {
                 s.push(v);
             }
         }
         Ok((seqs, extra))
     }
 
-    /// Decodes latents and scores the images against their prompts; non-finite latents or
-    /// images stop the run (a NaN image would otherwise get a finite score).
-    fn score(&self, latents: Tensor<B, 4>, prompts: &[Prompt]) -> Result<Vec<f64>> {
+    /// Decodes latents and scores the images against their prompts (totals and terms);
+    /// non-finite latents or images stop the run (a NaN image would otherwise get a finite
+    /// score).
+    fn score(&self, latents: Tensor<B, 4>, prompts: &[Prompt]) -> Result<(Vec<f64>, Vec<Term>)> {
         ensure_finite(&latents, "sampled latents (before decoding)")?;
         let images = self.pipeline.decode(latents)?;
         for (i, image) in images.iter().enumerate() {
             ensure_finite_values(&image.pixels, &format!("decoded image {i} of the chunk"))?;
         }
-        score_checked(self.reward, &images, prompts)
+        score_terms(self.reward, &images, prompts)
     }
 }

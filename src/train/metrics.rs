@@ -23,6 +23,10 @@ pub struct EpochMetrics {
     pub reward_mean: f64,
     /// Population std of the final rewards.
     pub reward_std: f64,
+    /// Mean unweighted score of each reward term on the final rewards (one entry per
+    /// `--reward`).
+    #[serde(default)]
+    pub reward_terms: BTreeMap<String, f64>,
     /// Mean held-out reward with EMA weights after this epoch, when evaluated.
     pub eval_reward: Option<f64>,
     /// The task's report on the same held-out images, when evaluated (the toy task: its

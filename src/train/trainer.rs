@@ -153,6 +153,11 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             objective: self.config.objective.objective.name().into(),
             reward_mean,
             reward_std,
+            reward_terms: batch
+                .reward_terms
+                .iter()
+                .map(|(k, v)| (k.clone(), mean_std(v).0))
+                .collect(),
             credit: credit.stats,
             loss: LossStats::mean(&updates.loss),
             grad_norm: mean_std(&updates.grad_norm).0,

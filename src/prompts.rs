@@ -1,0 +1,151 @@
+//! Prompt sets in flow_grpo's dataset layout: a folder with `train.txt` / `test.txt` (one
+//! prompt a line: PickScore, OCR) or `train_metadata.jsonl` / `test_metadata.jsonl` (one JSON
+//! object a line with a `"prompt"` string: GenEval; the whole object is the prompt's metadata).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::reward::Prompt;
+
+/// A dataset folder's two splits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptSet {
+    /// Training prompts.
+    pub train: Vec<Prompt>,
+    /// Held-out prompts.
+    pub test: Vec<Prompt>,
+}
+
+impl PromptSet {
+    /// Reads `dir/{split}.txt` or `dir/{split}_metadata.jsonl` for `train` and `test`; a split
+    /// with both files, or with neither, is an error naming them.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(Error::format(dir, "no such folder (expected a flow_grpo prompt set)"));
+        }
+        let split = |name: &str| -> Result<Vec<Prompt>> {
+            let txt = dir.join(format!("{name}.txt"));
+            let jsonl = dir.join(format!("{name}_metadata.jsonl"));
+            match (txt.is_file(), jsonl.is_file()) {
+                (true, false) => read_prompts(&txt),
+                (false, true) => read_prompts(&jsonl),
+                (true, true) => Err(Error::format(
+                    dir,
+                    format!("holds both {name}.txt and {name}_metadata.jsonl: keep one"),
+                )),
+                (false, false) => Err(Error::format(
+                    dir,
+                    format!("holds neither {name}.txt nor {name}_metadata.jsonl"),
+                )),
+            }
+        };
+        Ok(PromptSet { train: split("train")?, test: split("test")? })
+    }
+}
+
+/// Reads a prompt file: `*.jsonl` as metadata lines, anything else as one prompt a line. A
+/// trailing newline is allowed; blank lines, invalid JSON, a missing or empty `"prompt"` are
+/// errors naming the file and line; an empty file is an error.
+pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let jsonl = path.extension().is_some_and(|e| e == "jsonl");
+    let at = |n: usize, msg: String| Error::format(line_path(path, n), msg);
+    let mut prompts = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() {
+            return Err(at(n, "blank line (one prompt a line)".into()));
+        }
+        if !jsonl {
+            prompts
+                .push(Prompt { text: line.trim().to_string(), metadata: serde_json::Value::Null });
+            continue;
+        }
+        let meta: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| at(n, format!("invalid JSON: {e}")))?;
+        let text = match meta.get("prompt") {
+            Some(serde_json::Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            Some(other) => {
+                return Err(at(n, format!("\"prompt\" must be a non-empty string, found {other}")))
+            }
+            None => return Err(at(n, "no \"prompt\" field".into())),
+        };
+        prompts.push(Prompt { text, metadata: meta });
+    }
+    if prompts.is_empty() {
+        return Err(Error::format(path, "holds no prompts"));
+    }
+    Ok(prompts)
+}
+
+/// `file:line`, as compilers name a place in a file.
+fn line_path(path: &Path, line: usize) -> PathBuf {
+    PathBuf::from(format!("{}:{line}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tpgrpo-prompts-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (f, text) in files {
+            std::fs::write(dir.join(f), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn text_and_metadata_splits() {
+        let geneval = r#"{"tag": "counting", "include": [{"class": "cat", "count": 2}], "prompt": "a photo of two cats"}"#;
+        let dir = folder(
+            "ok",
+            &[
+                ("train.txt", "a cat\r\n  a dog on a mat  \n"),
+                ("test_metadata.jsonl", &format!("{geneval}\n")),
+            ],
+        );
+        let set = PromptSet::load(&dir).unwrap();
+        assert_eq!(
+            set.train.iter().map(|p| p.text.as_str()).collect::<Vec<_>>(),
+            ["a cat", "a dog on a mat"]
+        );
+        assert_eq!(set.test[0].text, "a photo of two cats");
+        assert_eq!(set.test[0].metadata["include"][0]["count"], 2);
+        assert_eq!(set.train[0].metadata, serde_json::Value::Null);
+    }
+
+    #[test]
+    fn malformed_lines_name_file_and_line() {
+        let cases: [(&str, &str, &str); 5] = [
+            ("train.txt", "a\n\nb\n", "train.txt:2: blank line"),
+            (
+                "train_metadata.jsonl",
+                "{\"prompt\": \"a\"}\n{oops}\n",
+                "train_metadata.jsonl:2: invalid JSON",
+            ),
+            ("train_metadata.jsonl", "{\"tag\": 1}\n", "train_metadata.jsonl:1: no \"prompt\""),
+            (
+                "train_metadata.jsonl",
+                "{\"prompt\": 3}\n",
+                "train_metadata.jsonl:1: \"prompt\" must be",
+            ),
+            ("train.txt", "", "train.txt: holds no prompts"),
+        ];
+        for (i, (file, text, want)) in cases.into_iter().enumerate() {
+            let dir = folder(&format!("bad{i}"), &[(file, text), ("test.txt", "x\n")]);
+            let err = PromptSet::load(&dir).unwrap_err().to_string();
+            assert!(err.contains(want), "{file} {text:?}: {err}");
+        }
+        let dir = folder("both", &[("train.txt", "a\n"), ("train_metadata.jsonl", "{}\n")]);
+        assert!(PromptSet::load(&dir).unwrap_err().to_string().contains("keep one"));
+        let dir = folder("none", &[("train.txt", "a\n")]);
+        assert!(PromptSet::load(&dir).unwrap_err().to_string().contains("neither test.txt"));
+    }
+}

@@ -1,0 +1,147 @@
+//! Rewards named on the command line: `KIND=TARGET[:WEIGHT]` or `NAME[:WEIGHT]`, several
+//! combined as a weighted sum (flow_grpo's `reward_fn` dict).
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+
+use super::{Aesthetic, ClipSimilarity, Reward, WeightedSum};
+use crate::error::{Error, Result};
+
+/// The model-based kinds, each given a path.
+pub const MODEL_KINDS: &str = "pickscore=DIR, clipscore=DIR, aesthetic=DIR|FILE.pth";
+
+/// One `--reward` value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardSpec {
+    /// `pickscore`, `clipscore`, `aesthetic`, or a name the caller resolves (toy rewards).
+    pub kind: String,
+    /// The path after `=`, if any.
+    pub target: Option<String>,
+    /// The weight after the last `:` (1 when absent).
+    pub weight: f64,
+}
+
+impl RewardSpec {
+    /// Parses `KIND=TARGET[:WEIGHT]` or `NAME[:WEIGHT]`; the weight is the text after the last
+    /// `:` when it is a finite number.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = |msg: String| Error::config("reward", format!("{text:?}: {msg}"));
+        let (body, weight) = match text.rsplit_once(':') {
+            Some((body, w)) => match w.trim().parse::<f64>() {
+                Ok(w) if w.is_finite() => (body, w),
+                Ok(w) => return Err(bad(format!("weight {w} is not finite"))),
+                Err(_) => (text, 1.0),
+            },
+            None => (text, 1.0),
+        };
+        let (kind, target) = match body.split_once('=') {
+            Some((k, "")) => return Err(bad(format!("no path after `{k}=`"))),
+            Some((k, t)) => (k.trim().to_string(), Some(t.to_string())),
+            None => (body.trim().to_string(), None),
+        };
+        if kind.is_empty() {
+            return Err(bad("no reward name".into()));
+        }
+        Ok(RewardSpec { kind, target, weight })
+    }
+
+    /// Loads this reward on `device`: the model kinds here, any other name through `named`.
+    pub fn load<B: Backend>(
+        &self,
+        device: &B::Device,
+        named: &dyn Fn(&str) -> Result<Box<dyn Reward>>,
+    ) -> Result<Box<dyn Reward>> {
+        let path = || {
+            self.target.as_deref().map(PathBuf::from).ok_or_else(|| {
+                Error::config("reward", format!("`{}` needs a path: {MODEL_KINDS}", self.kind))
+            })
+        };
+        Ok(match self.kind.as_str() {
+            "pickscore" => Box::new(ClipSimilarity::<B>::pickscore(path()?, device)?),
+            "clipscore" => Box::new(ClipSimilarity::<B>::clip_score(path()?, device)?),
+            "aesthetic" => {
+                let (mlp, clip) = aesthetic_files(&path()?)?;
+                Box::new(Aesthetic::<B>::load(mlp, clip, device)?)
+            }
+            name => match &self.target {
+                None => named(name)?,
+                Some(_) => {
+                    return Err(Error::config(
+                        "reward",
+                        format!("unknown reward kind `{name}` (known: {MODEL_KINDS})"),
+                    ))
+                }
+            },
+        })
+    }
+}
+
+/// The aesthetic MLP file and its CLIP folder: `FILE.pth` inside the CLIP folder, or the
+/// folder holding exactly one `.pth`.
+fn aesthetic_files(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    if path.is_file() {
+        let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        return Ok((path.to_path_buf(), dir));
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| Error::io(path, e))?;
+    let pth: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "pth"))
+        .collect();
+    match &pth[..] {
+        [one] => Ok((one.clone(), path.to_path_buf())),
+        _ => Err(Error::format(
+            path,
+            format!(
+                "must hold exactly one .pth (the aesthetic MLP) beside the CLIP model, found {}",
+                pth.len()
+            ),
+        )),
+    }
+}
+
+/// Loads every spec; one reward of weight 1 is returned as itself, several as a
+/// [`WeightedSum`]. Names appearing twice are an error (their metrics would collide).
+pub fn load_rewards<B: Backend>(
+    specs: &[RewardSpec],
+    device: &B::Device,
+    named: &dyn Fn(&str) -> Result<Box<dyn Reward>>,
+) -> Result<Box<dyn Reward>> {
+    let mut terms = Vec::new();
+    for spec in specs {
+        let reward = spec.load::<B>(device, named)?;
+        if terms.iter().any(|(_, r): &(f64, Box<dyn Reward>)| r.name() == reward.name()) {
+            return Err(Error::config("reward", format!("`{}` is given twice", reward.name())));
+        }
+        terms.push((spec.weight, reward));
+    }
+    match terms.len() {
+        0 => Err(Error::config("reward", "no reward given")),
+        1 if terms[0].0 == 1.0 => Ok(terms.pop().expect("one term").1),
+        _ => Ok(Box::new(WeightedSum { terms })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_with_and_without_weights() {
+        let p = |s| RewardSpec::parse(s).unwrap();
+        let spec = |k: &str, t: Option<&str>, w| RewardSpec {
+            kind: k.into(),
+            target: t.map(Into::into),
+            weight: w,
+        };
+        assert_eq!(p("pickscore=/m/PickScore_v1"), spec("pickscore", Some("/m/PickScore_v1"), 1.0));
+        assert_eq!(p("aesthetic=models/clip:0.5"), spec("aesthetic", Some("models/clip"), 0.5));
+        assert_eq!(p("toy-alignment"), spec("toy-alignment", None, 1.0));
+        assert_eq!(p("toy-geneval:-2"), spec("toy-geneval", None, -2.0));
+        assert_eq!(p("clipscore=C:/x:y"), spec("clipscore", Some("C:/x:y"), 1.0));
+        for bad in ["pickscore=", "=x", ":0.5", "pickscore=x:inf"] {
+            assert!(RewardSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! `tpgrpo score` on the reward fixture's images: the same scores as transformers (through the
+//! command line, one prompt per image), and clear errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reward")
+}
+
+fn score(args: &[String]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tpgrpo")).arg("score").args(args).output().unwrap()
+}
+
+#[test]
+fn scores_images_on_disk_like_the_reference() {
+    let f = fixtures();
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f.join("cases.json")).unwrap()).unwrap();
+    let cases = cases["cases"].as_array().unwrap();
+    let dir = std::env::temp_dir().join(format!("tpgrpo-cli-score-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.jsonl");
+    let lines: Vec<String> =
+        cases.iter().map(|c| serde_json::json!({"prompt": c["prompt"]}).to_string()).collect();
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+    let mut args = vec![
+        "--reward".to_string(),
+        format!("pickscore={}", f.join("pickscore").display()),
+        "--reward".to_string(),
+        format!("clipscore={}:2", f.join("clip").display()),
+        "--prompts".to_string(),
+        prompts.display().to_string(),
+        "--images".to_string(),
+    ];
+    args.extend(
+        cases
+            .iter()
+            .map(|c| f.join("images").join(c["image"].as_str().unwrap()).display().to_string()),
+    );
+    let o = score(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for (row, case) in out["scores"].as_array().unwrap().iter().zip(cases) {
+        let (p, c) = (case["pickscore"].as_f64().unwrap(), case["clipscore"].as_f64().unwrap());
+        assert!((row["terms"]["pickscore"].as_f64().unwrap() - p).abs() < 5e-4, "{row}");
+        assert!((row["terms"]["clipscore"].as_f64().unwrap() - c).abs() < 5e-4, "{row}");
+        assert!((row["score"].as_f64().unwrap() - (p + 2.0 * c)).abs() < 1.5e-3, "{row}");
+    }
+}
+
+#[test]
+fn bad_input_is_named() {
+    let f = fixtures();
+    let image = f.join("images/img0_32x32.png").display().to_string();
+    let dir = std::env::temp_dir().join(format!("tpgrpo-cli-score-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let three = dir.join("two.txt");
+    std::fs::write(&three, "a\nb\nc\n").unwrap();
+    let one = dir.join("one.txt");
+    std::fs::write(&one, "a\n").unwrap();
+    let pick = format!("pickscore={}", f.join("pickscore").display());
+    let cases: [(Vec<String>, &str); 4] = [
+        (
+            vec![pick.clone(), three.display().to_string(), image.clone(), image.clone()],
+            "3 prompts for 2 images",
+        ),
+        (
+            vec!["pickscore=/no/such".into(), one.display().to_string(), image.clone()],
+            "/no/such: no such folder",
+        ),
+        (
+            vec!["colour=/x".into(), one.display().to_string(), image.clone()],
+            "unknown reward kind `colour`",
+        ),
+        (
+            vec![pick.clone(), one.display().to_string(), "/no/such.png".into()],
+            "/no/such.png: cannot read the image",
+        ),
+    ];
+    for (parts, want) in cases {
+        let mut args = vec![
+            "--reward".into(),
+            parts[0].clone(),
+            "--prompts".into(),
+            parts[1].clone(),
+            "--images".into(),
+        ];
+        args.extend(parts[2..].iter().cloned());
+        let o = score(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{want}: {err}");
+    }
+}
