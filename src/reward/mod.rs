@@ -2,10 +2,12 @@
 
 mod aesthetic;
 mod clip;
+pub mod server;
 pub mod spec;
 
 pub use aesthetic::{Aesthetic, AestheticMlp};
 pub use clip::{ClipSimilarity, CLIPSCORE_DIVISOR, CLIP_BATCH, PICKSCORE_DIVISOR};
+pub use server::{Protocol, RewardServer, ServerConfig};
 pub use spec::{load_rewards, RewardSpec};
 
 use crate::image::Image;

@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
 
-use super::{Aesthetic, ClipSimilarity, Reward, WeightedSum};
+use super::{Aesthetic, ClipSimilarity, Protocol, Reward, RewardServer, ServerConfig, WeightedSum};
 use crate::error::{Error, Result};
 
-/// The model-based kinds, each given a path.
-pub const MODEL_KINDS: &str = "pickscore=DIR, clipscore=DIR, aesthetic=DIR|FILE.pth";
+/// The kinds given a path or URL.
+pub const MODEL_KINDS: &str =
+    "pickscore=DIR, clipscore=DIR, aesthetic=DIR|FILE.pth, server=URL, json-server=URL";
 
 /// One `--reward` value.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,21 +25,41 @@ pub struct RewardSpec {
 
 impl RewardSpec {
     /// Parses `KIND=TARGET[:WEIGHT]` or `NAME[:WEIGHT]`; the weight is the text after the last
-    /// `:` when it is a finite number.
+    /// `:` when it is a number, except a URL's port (`server=http://host:18085` has weight 1,
+    /// `server=http://host:18085:0.5` weight 0.5).
     pub fn parse(text: &str) -> Result<Self> {
         let bad = |msg: String| Error::config("reward", format!("{text:?}: {msg}"));
-        let (body, weight) = match text.rsplit_once(':') {
-            Some((body, w)) => match w.trim().parse::<f64>() {
-                Ok(w) if w.is_finite() => (body, w),
-                Ok(w) => return Err(bad(format!("weight {w} is not finite"))),
-                Err(_) => (text, 1.0),
-            },
-            None => (text, 1.0),
+        // `body` split at its last `:` when that is a weight; in a URL the authority's first
+        // `:` (the port) never is, and any other last `:` must be followed by a number.
+        let weighted = |body: &str| -> Result<(String, f64)> {
+            let Some((rest, w)) = body.rsplit_once(':') else {
+                return Ok((body.to_string(), 1.0));
+            };
+            let url = body.find("://").map(|i| i + 3);
+            if let Some(start) = url {
+                let authority_end = body[start..].find('/').map_or(body.len(), |i| start + i);
+                let port = body[start..authority_end].find(':').map(|i| start + i);
+                if port == Some(rest.len()) || rest.len() < start {
+                    return Ok((body.to_string(), 1.0));
+                }
+            }
+            match w.trim().parse::<f64>() {
+                Ok(w) if w.is_finite() => Ok((rest.to_string(), w)),
+                Ok(w) => Err(bad(format!("weight {w} is not finite"))),
+                Err(_) if url.is_some() => Err(bad(format!("weight {w:?} is not a number"))),
+                Err(_) => Ok((body.to_string(), 1.0)),
+            }
         };
-        let (kind, target) = match body.split_once('=') {
+        let (kind, target, weight) = match text.split_once('=') {
             Some((k, "")) => return Err(bad(format!("no path after `{k}=`"))),
-            Some((k, t)) => (k.trim().to_string(), Some(t.to_string())),
-            None => (body.trim().to_string(), None),
+            Some((k, t)) => {
+                let (t, w) = weighted(t)?;
+                (k.trim().to_string(), Some(t), w)
+            }
+            None => {
+                let (k, w) = weighted(text)?;
+                (k.trim().to_string(), None, w)
+            }
         };
         if kind.is_empty() {
             return Err(bad("no reward name".into()));
@@ -63,6 +84,12 @@ impl RewardSpec {
             "aesthetic" => {
                 let (mlp, clip) = aesthetic_files(&path()?)?;
                 Box::new(Aesthetic::<B>::load(mlp, clip, device)?)
+            }
+            "server" | "json-server" => {
+                let url = path()?.to_string_lossy().into_owned();
+                let protocol =
+                    if self.kind == "server" { Protocol::Pickle } else { Protocol::Json };
+                Box::new(RewardServer::new(&url, protocol, ServerConfig::new())?)
             }
             name => match &self.target {
                 None => named(name)?,
@@ -129,7 +156,7 @@ mod tests {
 
     #[test]
     fn specs_parse_with_and_without_weights() {
-        let p = |s| RewardSpec::parse(s).unwrap();
+        let p = |s: &str| RewardSpec::parse(s).unwrap();
         let spec = |k: &str, t: Option<&str>, w| RewardSpec {
             kind: k.into(),
             target: t.map(Into::into),
@@ -140,7 +167,15 @@ mod tests {
         assert_eq!(p("toy-alignment"), spec("toy-alignment", None, 1.0));
         assert_eq!(p("toy-geneval:-2"), spec("toy-geneval", None, -2.0));
         assert_eq!(p("clipscore=C:/x:y"), spec("clipscore", Some("C:/x:y"), 1.0));
-        for bad in ["pickscore=", "=x", ":0.5", "pickscore=x:inf"] {
+        let url = "http://127.0.0.1:18085";
+        assert_eq!(p(&format!("server={url}")), spec("server", Some(url), 1.0));
+        assert_eq!(p(&format!("server={url}:0.5")), spec("server", Some(url), 0.5));
+        assert_eq!(
+            p("json-server=http://h/score:2"),
+            spec("json-server", Some("http://h/score"), 2.0)
+        );
+        assert_eq!(p("server=http://h:80/a"), spec("server", Some("http://h:80/a"), 1.0));
+        for bad in ["pickscore=", "=x", ":0.5", "pickscore=x:inf", "server=http://h:1:x"] {
             assert!(RewardSpec::parse(bad).is_err(), "{bad}");
         }
     }

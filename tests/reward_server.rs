@@ -1,0 +1,136 @@
+//! `RewardServer` against a real server process (`examples/reward_server.rs`, built by
+//! `cargo test`): both protocols score as the same reward does locally, 5xx replies are
+//! retried, and every fault stops scoring with an error naming the URL and the problem.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use tpgrpo::image::Image;
+use tpgrpo::reward::{score_checked, Prompt, Protocol, Reward, RewardServer, ServerConfig};
+use tpgrpo::toy::{self, draw, prompt::Scene, ToyScorer};
+
+/// A server process, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir.join("examples").join(format!("reward_server{}", std::env::consts::EXE_SUFFIX));
+    assert!(bin.is_file(), "{} missing: `cargo test` builds the examples", bin.display());
+    bin
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(server_binary())
+        .args(["--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url =
+        line.trim().strip_prefix("listening on ").expect("the server's first line").to_string();
+    Server { child, url }
+}
+
+/// Five toy scenes drawn as images, with their prompts (scores spread over [0, 1]).
+fn batch() -> (Vec<Image>, Vec<Prompt>) {
+    let prompts: Vec<Prompt> =
+        toy::prompts(toy::Split::Train).into_iter().step_by(37).take(5).collect();
+    let images = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| draw::render(&Scene::from_prompt(p).unwrap(), i as u64))
+        .collect();
+    (images, prompts)
+}
+
+fn quick() -> ServerConfig {
+    ServerConfig::new().with_timeout_secs(2.0).with_retries(1).with_backoff_secs(0.05)
+}
+
+#[test]
+fn json_protocol_scores_as_the_local_reward() {
+    let server = start(&[]);
+    let client = RewardServer::new(&server.url, Protocol::Json, quick()).unwrap();
+    let (images, prompts) = batch();
+    let local = score_checked(&ToyScorer, &images, &prompts).unwrap();
+    assert!(local.iter().any(|&s| s > 0.0), "{local:?}");
+    assert_eq!(score_checked(&client, &images, &prompts).unwrap(), local);
+}
+
+/// The pickle protocol sends JPEGs (lossy), so the reference is the local reward on the same
+/// JPEG round trip.
+#[test]
+fn pickle_protocol_scores_as_the_local_reward_on_jpegs() {
+    let server = start(&[]);
+    let client =
+        RewardServer::new(&server.url, Protocol::Pickle, quick().with_batch_size(2)).unwrap();
+    let (images, prompts) = batch();
+    let jpeg: Vec<Image> = images
+        .iter()
+        .map(|im| {
+            let rgb =
+                image::RgbImage::from_raw(im.width as u32, im.height as u32, im.to_u8()).unwrap();
+            let mut buf = std::io::Cursor::new(Vec::new());
+            rgb.write_to(&mut buf, image::ImageFormat::Jpeg).unwrap();
+            let back = image::load_from_memory(buf.get_ref()).unwrap().to_rgb8();
+            Image {
+                width: im.width,
+                height: im.height,
+                pixels: back.into_raw().into_iter().map(|v| v as f32 / 255.0).collect(),
+            }
+        })
+        .collect();
+    let local = score_checked(&ToyScorer, &jpeg, &prompts).unwrap();
+    assert_eq!(client.score(&images, &prompts).unwrap(), local);
+}
+
+#[test]
+fn server_errors_are_retried() {
+    let server = start(&["--fail-first", "2"]);
+    let config = quick().with_retries(3);
+    let client = RewardServer::new(&server.url, Protocol::Json, config).unwrap();
+    let (images, prompts) = batch();
+    assert_eq!(client.score(&images, &prompts).unwrap().len(), images.len());
+}
+
+#[test]
+fn every_fault_is_an_error_naming_the_url() {
+    let (images, prompts) = batch();
+    let faults: [(&str, Protocol, &str); 6] = [
+        ("slow", Protocol::Json, "no reply within 2 s"),
+        ("wrong-count", Protocol::Pickle, "4 scores for 5 images"),
+        ("malformed", Protocol::Pickle, "malformed reply: not a pickle"),
+        ("malformed", Protocol::Json, "malformed reply: not JSON"),
+        ("nan", Protocol::Pickle, "score 0 is NaN"),
+        ("error-500", Protocol::Json, "HTTP 500, after 1 retries"),
+    ];
+    for (fault, protocol, want) in faults {
+        let server = start(&["--fault", fault]);
+        let client = RewardServer::new(&server.url, protocol, quick()).unwrap();
+        let err = score_checked(&client, &images, &prompts).unwrap_err().to_string();
+        assert!(err.contains(&server.url) && err.contains(want), "{fault} {protocol:?}: {err}");
+    }
+    // Down: a port nothing listens on (bound, then released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let client = RewardServer::new(&url, Protocol::Pickle, quick()).unwrap();
+    let err = client.score(&images, &prompts).unwrap_err().to_string();
+    assert!(err.contains(&url) && err.contains("connection refused"), "{err}");
+    // Not http.
+    let err = RewardServer::new("https://x", Protocol::Json, quick()).unwrap_err().to_string();
+    assert!(err.contains("must start with http://"), "{err}");
+}
