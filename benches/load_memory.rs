@@ -5,17 +5,26 @@
 //! `TPGRPO_LARGE_SD3=DIR cargo bench --bench load_memory`, DIR written by
 //! `tests/fixtures/gen_large_sd3.py DIR` (random weights, SD3.5-medium sizes). Each component
 //! is loaded in a fresh process (the peak, `VmHWM`, is per process); the last row loads the
-//! transformer, both CLIP encoders and the VAE into one process.
+//! transformer, both CLIP encoders and the VAE into one process; `pickscore` a
+//! PickScore_v1-sized `CLIPModel` (both towers). Parts missing from DIR are skipped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use burn::module::Module;
 use tpgrpo::backend::{self, Backend};
+use tpgrpo::model::clip::ClipModel;
 use tpgrpo::model::{AutoencoderKL, ClipTextModel, MMDiT, T5EncoderModel};
 
-const PARTS: [&str; 6] =
-    ["transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae", "all-but-t5"];
+const PARTS: [&str; 7] = [
+    "transformer",
+    "text_encoder",
+    "text_encoder_2",
+    "text_encoder_3",
+    "vae",
+    "all-but-t5",
+    "pickscore",
+];
 
 /// `VmHWM` (peak resident set) of this process, in bytes.
 fn peak_rss() -> u64 {
@@ -37,6 +46,7 @@ fn load(dir: &Path, part: &str) -> tpgrpo::Result<usize> {
         }
         "text_encoder_3" => T5EncoderModel::<Backend>::load(dir.join(part), &device)?.num_params(),
         "vae" => AutoencoderKL::<Backend>::load(dir.join(part), &device)?.num_params(),
+        "pickscore" => ClipModel::<Backend>::load(dir.join(part), &device)?.towers.num_params(),
         _ => {
             let t = MMDiT::<Backend>::load(dir.join("transformer"), &device)?;
             let l = ClipTextModel::<Backend>::load(dir.join("text_encoder"), &device)?;
@@ -72,6 +82,11 @@ fn main() {
     println!("|---|---|---|---|---|");
     let exe = std::env::current_exe().expect("own path");
     for part in PARTS {
+        let needed = if part == "all-but-t5" { "transformer" } else { part };
+        if !dir.join(needed).is_dir() {
+            println!("| {part} | skipped: no {needed}/ |");
+            continue;
+        }
         let out = Command::new(&exe).arg("--child").arg(&dir).arg(part).output().expect("spawn");
         let text = String::from_utf8_lossy(&out.stdout);
         let mut it = text.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
