@@ -27,6 +27,7 @@ pub mod prompts;
 pub mod reward;
 pub mod rng;
 pub mod sampler;
+pub mod tokenizer;
 pub mod toy;
 pub mod train;
 pub mod weights;

@@ -2,8 +2,9 @@
 //! `cargo test`): both protocols score as the same reward does locally, 5xx replies are
 //! retried, and every fault stops scoring with an error naming the URL and the problem.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use tpgrpo::image::Image;
@@ -23,16 +24,8 @@ impl Drop for Server {
     }
 }
 
-fn server_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir.join("examples").join(format!("reward_server{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} missing: `cargo test` builds the examples", bin.display());
-    bin
-}
-
 fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(server_binary())
+    let mut child = Command::new(common::example_binary("reward_server"))
         .args(["--port", "0"])
         .args(args)
         .stdout(Stdio::piped())

@@ -6,7 +6,6 @@
 //! `tokenizer{,_2,_3}/`, `scheduler/scheduler_config.json` (see docs/pipeline.md).
 
 mod config;
-pub mod tokenizer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,9 +16,9 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::model::{AutoencoderKL, ClipTextModel, MMDiT, T5EncoderModel};
 use crate::sampler::{ode_sample, seeded_noise, Conditioning, FlowSchedule, TextToImage};
+pub use crate::tokenizer::TextTokenizer;
 use crate::weights::{save_safetensors_with_metadata, WeightFiles};
 pub use config::SampleConfig;
-pub use tokenizer::TextTokenizer;
 
 /// CLIP's sequence length.
 pub const CLIP_LENGTH: usize = 77;

@@ -131,3 +131,12 @@ impl<R: tpgrpo::reward::Reward> tpgrpo::reward::Reward for Recording<R> {
         Ok(scores)
     }
 }
+
+/// An example binary built by `cargo test` (beside this test's `deps/` folder).
+pub fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(bin.is_file(), "{} missing: `cargo test` builds the examples", bin.display());
+    bin
+}

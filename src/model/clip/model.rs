@@ -10,7 +10,7 @@ use super::processor::{preprocessor_path, ClipImageProcessor};
 use super::text::{ClipTextConfig, ClipTextModel};
 use super::vision::{ClipVisionConfig, ClipVisionModel};
 use crate::error::{Error, Result};
-use crate::pipeline::tokenizer::TextTokenizer;
+use crate::tokenizer::TextTokenizer;
 use crate::weights::{apply_plan, read_config, torch_param_name, Source, WeightFiles};
 
 /// CLIP's text length.

@@ -1,5 +1,6 @@
-//! SD3's tokenizers through the `tokenizers` crate, padded and truncated to a fixed length as
-//! `StableDiffusion3Pipeline` calls them (`padding="max_length", truncation=True`).
+//! Text tokenizers (SD3's encoders, CLIP rewards) through the `tokenizers` crate, padded and
+//! truncated to a fixed length as `StableDiffusion3Pipeline` calls them (`padding="max_length",
+//! truncation=True`).
 //!
 //! A folder with `tokenizer.json` is read as is (T5). The CLIP folders SD3 ships hold
 //! `vocab.json` + `merges.txt` only; the CLIP pipeline is then built as transformers'
