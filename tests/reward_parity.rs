@@ -127,3 +127,13 @@ fn batches_of_mixed_sizes_process_to_one_shape() {
     let batch: Tensor<B, 4> = p.process(&images, &common::device()).unwrap();
     assert_eq!(batch.dims(), [images.len(), 3, 32, 32]);
 }
+
+/// A sliver (1 x 100000) would resize to 224 x 22.4M pixels: refused before allocating, naming
+/// the sizes.
+#[test]
+fn slivers_are_refused_before_resizing() {
+    let p = ClipImageProcessor::default();
+    let sliver = tpgrpo::image::Image { width: 100_000, height: 1, pixels: vec![0.5; 300_000] };
+    let err = p.process_one(&sliver).unwrap_err().to_string();
+    assert!(err.contains("1x100000 image would become 224x22400000"), "{err}");
+}

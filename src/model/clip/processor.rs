@@ -14,6 +14,9 @@ use crate::image::Image;
 pub const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
 /// OpenAI CLIP's per-channel standard deviation (`OPENAI_CLIP_STD`).
 pub const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
+/// Most pixels a resized image may have (2^26, 192 MiB of RGB): a sliver of an image would
+/// otherwise resize to an allocation that aborts the process.
+pub const MAX_RESIZED_PIXELS: usize = 1 << 26;
 /// PIL's `Image.BICUBIC`, the only resampling CLIP processors use.
 const PIL_BICUBIC: u64 = 3;
 
@@ -174,8 +177,8 @@ impl ClipImageProcessor {
             None => (height, width),
             Some(ResizeTo::Exact(h, w)) => (h, w),
             Some(ResizeTo::ShortestEdge(s)) => {
-                let (short, long) = (height.min(width), height.max(width));
-                let long = ((s * long) as f64 / short as f64) as usize;
+                let (short, long) = (height.min(width).max(1), height.max(width));
+                let long = (s as f64 * long as f64 / short as f64) as usize;
                 if width <= height {
                     (long, s)
                 } else {
@@ -200,6 +203,16 @@ impl ClipImageProcessor {
             return Err(Error::shape("image", "[H >= 1, W >= 1, 3]", &[h0, w0, 3]));
         }
         let (h, w) = self.resized_size(h0, w0);
+        if h.checked_mul(w).is_none_or(|n| n > MAX_RESIZED_PIXELS) {
+            return Err(Error::shape(
+                "image",
+                format!(
+                    "an aspect ratio the resize keeps within {MAX_RESIZED_PIXELS} pixels \
+                     (this {h0}x{w0} image would become {h}x{w})"
+                ),
+                &[h0, w0, 3],
+            ));
+        }
         let pixels = pil_bicubic(&image.to_u8(), (w0, h0), (w, h))?;
         let (ch, cw) = self.crop.unwrap_or((h, w));
         if ch > h || cw > w {
