@@ -22,28 +22,13 @@ fn train_sd3_trains_on_a_prompt_folder_with_clip_rewards() {
         .unwrap();
     std::fs::write(prompts.join("test.txt"), "a dog\na blue house\n").unwrap();
     let out = dir.join("run");
-    let sets = [
-        "epochs=2",
-        "prompts_per_epoch=2",
-        "group_size=3",
-        "rollout_batch=6",
-        "train_batch=6",
-        "rollout.num_steps=4",
-        "rollout.window_size=2",
-        "eval_every=2",
-        "eval_steps=4",
-        "eval_prompts=2",
-        "save_every=2",
-        "lora.rank=4",
-        "optimizer_steps_per_epoch=1",
-    ];
     let mut cmd = Command::new(common::example_binary("train_sd3"));
     cmd.arg("--model").arg(fixtures("pipeline/sd3_tiny"));
     cmd.arg("--prompts").arg(&prompts);
     cmd.arg("--reward").arg(format!("pickscore={}", fixtures("reward/pickscore").display()));
     cmd.arg("--reward").arg(format!("aesthetic={}:0.5", fixtures("reward/clip").display()));
     cmd.args(["--resolution", "64", "--out"]).arg(&out);
-    for s in sets {
+    for s in common::TINY_SD3_SETTINGS {
         cmd.args(["--set", s]);
     }
     let o = cmd.output().unwrap();

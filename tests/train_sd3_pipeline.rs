@@ -17,24 +17,7 @@ fn folder() -> PathBuf {
 }
 
 fn config() -> TrainConfig {
-    let sets: Vec<String> = [
-        "epochs=2",
-        "prompts_per_epoch=2",
-        "group_size=3",
-        "rollout_batch=6",
-        "train_batch=6",
-        "rollout.num_steps=4",
-        "rollout.window_size=2",
-        "eval_every=2",
-        "eval_steps=4",
-        "eval_prompts=2",
-        "save_every=2",
-        "lora.rank=4",
-        "optimizer_steps_per_epoch=1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let sets: Vec<String> = common::TINY_SD3_SETTINGS.map(String::from).into();
     TrainConfig::new().with_sources(None, &sets).unwrap()
 }
 

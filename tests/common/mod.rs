@@ -140,3 +140,21 @@ pub fn example_binary(name: &str) -> PathBuf {
     assert!(bin.is_file(), "{} missing: `cargo test` builds the examples", bin.display());
     bin
 }
+
+/// Settings for two quick epochs on the tiny SD3 folder (3 samples per prompt, 4 steps, 2
+/// trained, evaluation and a checkpoint at epoch 2).
+pub const TINY_SD3_SETTINGS: [&str; 13] = [
+    "epochs=2",
+    "prompts_per_epoch=2",
+    "group_size=3",
+    "rollout_batch=6",
+    "train_batch=6",
+    "rollout.num_steps=4",
+    "rollout.window_size=2",
+    "eval_every=2",
+    "eval_steps=4",
+    "eval_prompts=2",
+    "save_every=2",
+    "lora.rank=4",
+    "optimizer_steps_per_epoch=1",
+];
