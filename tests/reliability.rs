@@ -68,7 +68,12 @@ fn divergence_stops_the_run_naming_the_adapter_before_a_checkpoint_is_written() 
 
 /// Rewrites `state.safetensors` of `dir` through `edit` on its `(key, shape, values)` list.
 fn rewrite_state(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
-    let path = dir.join("state.safetensors");
+    rewrite_file(&dir.join("state.safetensors"), edit);
+}
+
+/// Rewrites the safetensors file `path` through `edit` on its `(key, shape, values)` list.
+fn rewrite_file(path: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
+    let path = path.to_path_buf();
     let files = WeightFiles::open(&path).unwrap();
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = files
         .keys()
@@ -274,4 +279,43 @@ fn nested_settings_are_named_by_their_dotted_path() {
     assert!(e.contains("`rollout.window_start/window_size`"), "{e}");
     let e = error("lora.rank=0");
     assert!(e.contains("`lora.rank`") && !e.contains("lora.lora"), "{e}");
+}
+
+/// NaN base weights: the evaluation before training stops, naming the evaluation latents,
+/// instead of scoring NaN images (which score a finite 0).
+#[test]
+fn nan_base_weights_stop_the_first_evaluation() {
+    let dir = common::scratch("rel-nan-eval");
+    let model = dir.join("toy");
+    std::fs::create_dir_all(model.join("transformer")).unwrap();
+    for f in [
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "text_encoder.safetensors",
+    ] {
+        std::fs::copy(toy::default_dir().join(f), model.join(f)).unwrap();
+    }
+    rewrite_file(&model.join("transformer/diffusion_pytorch_model.safetensors"), |t| {
+        let proj = t.iter_mut().find(|(k, _, _)| k == "proj_out.weight").unwrap();
+        proj.2[0] = f32::NAN;
+    });
+    let device = Default::default();
+    let loaded = tpgrpo::toy::ToyModel::<TrainBackend>::load(&model, &device).unwrap();
+    let pipeline =
+        ToyPipeline { text_encoder: burn::module::AutodiffModule::valid(&loaded.text_encoder) };
+    let task = tpgrpo::train::Task {
+        pipeline,
+        reward: toy::reward("toy-alignment").unwrap(),
+        train_prompts: toy::prompts(toy::Split::Train),
+        eval_prompts: toy::prompts(toy::Split::Eval),
+        report: None,
+    };
+    let cfg = config(&["eval_every=1", "eval_prompts=2", "eval_steps=3"]);
+    let mut t = Trainer::new(cfg, loaded.transformer, task, dir.join("run")).unwrap();
+    let e = t.train(|_| {}).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, tpgrpo::Error::NonFinite { .. }) && text.contains("evaluation latents"),
+        "{text}"
+    );
 }

@@ -7,6 +7,7 @@ use burn::prelude::*;
 
 use super::config::TrainConfig;
 use crate::error::Result;
+use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::image::Image;
 use crate::model::MMDiT;
 use crate::reward::{score_checked, Prompt, Report, Reward};
@@ -66,7 +67,14 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
                 let noise = seeded_noise(&seeds, 0, shape, &device);
                 let g = cfg.rollout.guidance;
                 let out = ode_sample(self.model, &schedule, noise, &cond, &uncond, g)?;
+                ensure_finite(&out, "evaluation latents (EMA weights, before decoding)")?;
                 let imgs = self.pipeline.decode(out)?;
+                for (i, image) in imgs.iter().enumerate() {
+                    ensure_finite_values(
+                        &image.pixels,
+                        &format!("evaluation image {i} of the chunk"),
+                    )?;
+                }
                 scores.extend(score_checked(self.reward, &imgs, chunk)?);
                 for (name, passed, made) in
                     self.report.map_or(Ok(vec![]), |r| r.tally(&imgs, chunk))?
