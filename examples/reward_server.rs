@@ -36,10 +36,7 @@ struct Args {
 }
 
 fn decode(bytes: &[u8]) -> Result<Image, String> {
-    let rgb = image::load_from_memory(bytes).map_err(|e| e.to_string())?.to_rgb8();
-    let (width, height) = (rgb.width() as usize, rgb.height() as usize);
-    let pixels = rgb.into_raw().into_iter().map(|v| v as f32 / 255.0).collect();
-    Ok(Image { width, height, pixels })
+    Image::decode(bytes).map_err(|e| e.to_string())
 }
 
 fn pickle_to_json(v: &Pickle) -> Json {

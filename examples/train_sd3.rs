@@ -17,7 +17,7 @@ use tpgrpo::model::precision::dtype_name;
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::prompts::PromptSet;
-use tpgrpo::reward::{load_rewards, Report, Reward, RewardSpec};
+use tpgrpo::reward::{load_rewards, Report, Reward};
 use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
 
@@ -67,13 +67,12 @@ fn main() {
     }
 }
 
-/// The report's rates as `name value` pairs.
 /// The `--reward` values as one reward on `device`.
 fn rewards(args: &Args, device: &backend::Device) -> tpgrpo::Result<Box<dyn Reward>> {
-    let specs = args.rewards.iter().map(|r| RewardSpec::parse(r)).collect::<Result<Vec<_>, _>>()?;
-    load_rewards::<Backend>(&specs, device, &toy::reward)
+    load_rewards::<Backend>(&args.rewards, device, &toy::reward)
 }
 
+/// The report's rates as `name value` pairs.
 fn report_line(m: &EpochMetrics) -> String {
     m.eval_report.iter().map(|(k, v)| format!("  {k} {v:.3}")).collect()
 }

@@ -58,24 +58,50 @@ pub(crate) fn write_png(img: &RgbImage, path: &Path) -> Result<()> {
     })
 }
 
-/// Reads an image file (PNG) as RGB; other colour types are converted (alpha dropped) as
-/// PIL's `convert("RGB")` does.
+impl Image {
+    /// An 8-bit RGB buffer as values `v / 255`.
+    pub fn from_rgb8(rgb: RgbImage) -> Image {
+        let (width, height) = (rgb.width() as usize, rgb.height() as usize);
+        let pixels = rgb.into_raw().into_iter().map(|v| v as f32 / 255.0).collect();
+        Image { width, height, pixels }
+    }
+
+    /// The image as an 8-bit RGB buffer ([`Image::to_u8`]).
+    pub fn to_rgb8(&self) -> Result<RgbImage> {
+        RgbImage::from_raw(self.width as u32, self.height as u32, self.to_u8()).ok_or_else(|| {
+            Error::shape("image", "height x width x 3 bytes", &[self.height, self.width])
+        })
+    }
+
+    /// Decodes an encoded image (PNG, JPEG) as RGB; other colour types are converted (alpha
+    /// dropped) as PIL's `convert("RGB")` does.
+    pub fn decode(bytes: &[u8]) -> Result<Image> {
+        let decoded = ::image::load_from_memory(bytes)
+            .map_err(|e| Error::config("image", format!("cannot decode: {e}")))?;
+        Ok(Image::from_rgb8(decoded.to_rgb8()))
+    }
+
+    /// The 8-bit image encoded as `format` (JPEG at the encoder's default quality 75, as PIL's
+    /// `save(format="JPEG")`; PNG).
+    pub fn encode(&self, format: ::image::ImageFormat) -> Result<Vec<u8>> {
+        let mut out = std::io::Cursor::new(Vec::new());
+        self.to_rgb8()?
+            .write_to(&mut out, format)
+            .map_err(|e| Error::config("image", format!("cannot encode as {format:?}: {e}")))?;
+        Ok(out.into_inner())
+    }
+}
+
+/// Reads an image file (PNG) as RGB (see [`Image::decode`]).
 pub fn load_png(path: &Path) -> Result<Image> {
     let decoded = ::image::open(path)
-        .map_err(|e| Error::format(path, format!("cannot read the image: {e}")))?
-        .to_rgb8();
-    let (width, height) = (decoded.width() as usize, decoded.height() as usize);
-    let pixels = decoded.into_raw().into_iter().map(|v| v as f32 / 255.0).collect();
-    Ok(Image { width, height, pixels })
+        .map_err(|e| Error::format(path, format!("cannot read the image: {e}")))?;
+    Ok(Image::from_rgb8(decoded.to_rgb8()))
 }
 
 /// Writes one image as a PNG, atomically.
 pub fn save_png(path: &Path, image: &Image) -> Result<()> {
-    let out = RgbImage::from_raw(image.width as u32, image.height as u32, image.to_u8())
-        .ok_or_else(|| {
-            Error::shape("image", "height x width x 3 bytes", &[image.height, image.width])
-        })?;
-    write_png(&out, path)
+    write_png(&image.to_rgb8()?, path)
 }
 
 /// Writes `images` as a grid PNG with `cols` columns, each pixel enlarged `scale` times.

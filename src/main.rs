@@ -9,7 +9,7 @@ use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
 use tpgrpo::model::precision::cast_params;
 use tpgrpo::model::Precision;
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
-use tpgrpo::reward::{load_rewards, score_terms, RewardSpec};
+use tpgrpo::reward::{load_rewards, score_terms};
 use tpgrpo::Error;
 
 /// tpgrpo: TP-GRPO fine-tuning tools.
@@ -182,8 +182,7 @@ fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> t
     let loaded =
         images.iter().map(|p| tpgrpo::image::load_png(p)).collect::<tpgrpo::Result<Vec<_>>>()?;
     let device = backend::init()?;
-    let specs = rewards.iter().map(|r| RewardSpec::parse(r)).collect::<tpgrpo::Result<Vec<_>>>()?;
-    let reward = load_rewards::<Backend>(&specs, &device, &tpgrpo::toy::reward)?;
+    let reward = load_rewards::<Backend>(rewards, &device, &tpgrpo::toy::reward)?;
     let mut rows = Vec::with_capacity(images.len());
     // One image at a time: images on disk may differ in size.
     for ((path, image), prompt) in images.iter().zip(loaded).zip(&prompts) {

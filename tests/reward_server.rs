@@ -74,18 +74,7 @@ fn pickle_protocol_scores_as_the_local_reward_on_jpegs() {
     let (images, prompts) = batch();
     let jpeg: Vec<Image> = images
         .iter()
-        .map(|im| {
-            let rgb =
-                image::RgbImage::from_raw(im.width as u32, im.height as u32, im.to_u8()).unwrap();
-            let mut buf = std::io::Cursor::new(Vec::new());
-            rgb.write_to(&mut buf, image::ImageFormat::Jpeg).unwrap();
-            let back = image::load_from_memory(buf.get_ref()).unwrap().to_rgb8();
-            Image {
-                width: im.width,
-                height: im.height,
-                pixels: back.into_raw().into_iter().map(|v| v as f32 / 255.0).collect(),
-            }
-        })
+        .map(|im| Image::decode(&im.encode(image::ImageFormat::Jpeg).unwrap()).unwrap())
         .collect();
     let local = score_checked(&ToyScorer, &jpeg, &prompts).unwrap();
     assert_eq!(client.score(&images, &prompts).unwrap(), local);

@@ -4,7 +4,6 @@
 //! nothing trains on a missing score.
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::time::Duration;
 
 use base64::Engine;
@@ -95,19 +94,6 @@ fn json_to_pickle(v: &Json) -> Pickle {
     }
 }
 
-/// 8-bit RGB encoded as `format` (JPEG at the encoder's default quality 75, as PIL's
-/// `save(format="JPEG")`; or PNG).
-fn encode(image: &Image, format: ::image::ImageFormat) -> crate::Result<Vec<u8>> {
-    let rgb = ::image::RgbImage::from_raw(image.width as u32, image.height as u32, image.to_u8())
-        .ok_or_else(|| {
-        Error::shape("image", "height x width x 3 bytes", &[image.height, image.width])
-    })?;
-    let mut out = Cursor::new(Vec::new());
-    rgb.write_to(&mut out, format)
-        .map_err(|e| Error::config("image", format!("cannot encode as {format:?}: {e}")))?;
-    Ok(out.into_inner())
-}
-
 impl RewardServer {
     /// A client for `url` (plain `http://`; TLS is not built in).
     pub fn new(url: &str, protocol: Protocol, config: ServerConfig) -> crate::Result<Self> {
@@ -154,7 +140,7 @@ impl RewardServer {
             Protocol::Pickle => {
                 let jpegs = images
                     .iter()
-                    .map(|i| encode(i, ::image::ImageFormat::Jpeg).map(Pickle::Bytes))
+                    .map(|i| i.encode(::image::ImageFormat::Jpeg).map(Pickle::Bytes))
                     .collect::<crate::Result<Vec<_>>>()?;
                 let metas = prompts.iter().map(|p| json_to_pickle(&metadata(p))).collect();
                 let key = |k: &str| HashableValue::String(k.into());
@@ -172,7 +158,7 @@ impl RewardServer {
                 let pngs = images
                     .iter()
                     .map(|i| {
-                        encode(i, ::image::ImageFormat::Png).map(|b| Json::String(b64.encode(b)))
+                        i.encode(::image::ImageFormat::Png).map(|b| Json::String(b64.encode(b)))
                     })
                     .collect::<crate::Result<Vec<_>>>()?;
                 let body = serde_json::json!({

@@ -128,15 +128,17 @@ fn aesthetic_files(path: &Path) -> Result<(PathBuf, PathBuf)> {
     }
 }
 
-/// Loads every spec; one reward of weight 1 is returned as itself, several as a
-/// [`WeightedSum`]. Names appearing twice are an error (their metrics would collide).
+/// Parses and loads every `--reward` value ([`RewardSpec::parse`]); one reward of weight 1 is
+/// returned as itself, several as a [`WeightedSum`]. Names appearing twice are an error
+/// (their metrics would collide).
 pub fn load_rewards<B: Backend>(
-    specs: &[RewardSpec],
+    specs: &[String],
     device: &B::Device,
     named: &dyn Fn(&str) -> Result<Box<dyn Reward>>,
 ) -> Result<Box<dyn Reward>> {
+    let specs = specs.iter().map(|s| RewardSpec::parse(s)).collect::<Result<Vec<_>>>()?;
     let mut terms = Vec::new();
-    for spec in specs {
+    for spec in &specs {
         let reward = spec.load::<B>(device, named)?;
         if terms.iter().any(|(_, r): &(f64, Box<dyn Reward>)| r.name() == reward.name()) {
             return Err(Error::config("reward", format!("`{}` is given twice", reward.name())));
