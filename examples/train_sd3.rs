@@ -145,6 +145,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     );
     let reward = rewards(&args, &device)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
+    trainer.check_memory(backend::memory(&device))?;
     if args.resume {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);
@@ -231,6 +232,7 @@ fn train_diffusers(
     let task =
         Task { pipeline: conditioner, reward, train_prompts, eval_prompts, report: report_checks };
     let mut trainer = Trainer::new(config, transformer, task, &out)?;
+    trainer.check_memory(backend::memory(device))?;
     if args.resume {
         trainer.resume()?;
         println!("resumed after epoch {}", trainer.epoch);

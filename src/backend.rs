@@ -82,6 +82,17 @@ mod cubecl_cache {
     }
 }
 
+/// Bytes of memory of `device` where known: the host's ([`crate::limits::host_memory`]) for
+/// the CPU backend; `None` on the GPU backends (CubeCL 0.10 reports no total).
+pub fn memory(device: &Device) -> Option<u64> {
+    let _ = device;
+    if cfg!(any(feature = "cuda", feature = "wgpu")) {
+        None
+    } else {
+        crate::limits::host_memory()
+    }
+}
+
 /// The training backend: the selected backend with reverse-mode autodiff.
 pub type TrainBackend = burn::backend::Autodiff<Backend>;
 

@@ -20,6 +20,7 @@ pub mod error;
 pub mod finite;
 pub mod grpo;
 pub mod image;
+pub mod limits;
 pub mod model;
 pub mod overrides;
 pub mod pipeline;

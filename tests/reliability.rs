@@ -319,3 +319,115 @@ fn nan_base_weights_stop_the_first_evaluation() {
         "{text}"
     );
 }
+
+/// Writes `config` as `dir/config.json` and loads the folder with `load` (no weights: a
+/// refused configuration is reported before any weight file is looked for).
+fn load_config_error<M>(
+    dir: &Path,
+    config: serde_json::Value,
+    load: impl Fn(&Path) -> tpgrpo::Result<M>,
+) -> Option<String> {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    load(dir).err().map(|e| e.to_string())
+}
+
+/// The text encoders' and the VAE's `config.json`: sizes whose product would wrap or exceed
+/// what this crate builds, and zeros that would divide by zero, are refused naming the file
+/// and the fields before a module is built (each of these used to abort or panic).
+#[test]
+fn encoder_and_vae_configs_with_impossible_sizes_are_refused_naming_file_and_fields() {
+    use tpgrpo::model::{AutoencoderKL, ClipTextModel, T5EncoderModel};
+    let dir = common::scratch("rel-encoder-configs");
+    let device = Default::default();
+    type Case = (serde_json::Value, &'static str, serde_json::Value, &'static str);
+    // Complete files, as transformers and diffusers write them.
+    let t5 = serde_json::json!({"vocab_size": 32, "d_model": 8, "d_kv": 4, "d_ff": 16,
+        "num_layers": 2, "num_heads": 2, "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
+        "feed_forward_proj": "gated-gelu"});
+    let clip = serde_json::json!({"vocab_size": 32, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "projection_dim": 8,
+        "max_position_embeddings": 77, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+        "eos_token_id": 2});
+    let vae = serde_json::json!({"block_out_channels": [8, 16], "norm_num_groups": 4,
+        "in_channels": 3, "out_channels": 3, "layers_per_block": 2, "latent_channels": 16,
+        "scaling_factor": 1.5305, "shift_factor": 0.0609, "use_quant_conv": false,
+        "use_post_quant_conv": false});
+    let t5_cases: [Case; 3] = [
+        (t5.clone(), "num_layers", 1_000_000_000u64.into(), "parameters"),
+        (t5.clone(), "d_model", (1u64 << 40).into(), "parameters"),
+        (t5.clone(), "num_heads", 0.into(), "num_heads"),
+    ];
+    for (base, field, value, says) in t5_cases {
+        let mut config = base;
+        config[field] = value;
+        let load = |d: &Path| T5EncoderModel::<B>::load(d, &device);
+        let e = load_config_error(&dir, config, load).expect(field);
+        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
+    }
+    let clip_cases: [Case; 3] = [
+        (clip.clone(), "intermediate_size", (1u64 << 62).into(), "parameters"),
+        (clip.clone(), "max_position_embeddings", (1u64 << 60).into(), "parameters"),
+        (clip.clone(), "hidden_size", 0.into(), "hidden_size"),
+    ];
+    for (base, field, value, says) in clip_cases {
+        let mut config = base;
+        config[field] = value;
+        let load = |d: &Path| ClipTextModel::<B>::load(d, &device);
+        let e = load_config_error(&dir, config, load).expect(field);
+        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
+    }
+    let vae_cases: [Case; 4] = [
+        (vae.clone(), "norm_num_groups", 0.into(), "norm_num_groups"),
+        (vae.clone(), "layers_per_block", 1_000_000_000u64.into(), "parameters"),
+        (vae.clone(), "block_out_channels", serde_json::json!(vec![8; 70]), "levels"),
+        (vae.clone(), "latent_channels", 0.into(), "latent_channels"),
+    ];
+    for (base, field, value, says) in vae_cases {
+        let mut config = base;
+        config[field] = value;
+        let load = |d: &Path| AutoencoderKL::<B>::load(d, &device);
+        let e = load_config_error(&dir, config, load).expect(field);
+        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
+    }
+    // The CLIP image tower's sizes, as a transformers CLIPModel's vision_config.
+    let vision =
+        tpgrpo::model::clip::ClipVisionConfig::new().with_image_size(1 << 31).with_patch_size(1);
+    let e = vision.validate().unwrap_err().to_string();
+    assert!(e.contains("image_size") && e.contains("parameters"), "{e}");
+}
+
+/// Settings whose epoch could never be held: element counts that would wrap are refused by
+/// `Trainer::new`, counts beyond the device's memory by `Trainer::check_memory`, each naming
+/// the settings (`group_size = 2^32` used to abort on allocation, `2^64 - 1` to wrap).
+#[test]
+fn epochs_that_cannot_fit_are_refused_naming_the_settings() {
+    let dir = common::scratch("rel-footprint");
+    let e = toy::train_config()
+        .with_sources(None, &["group_size=18446744073709551615".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("prompts_per_epoch/group_size"), "{e}");
+    let e = toy::trainer::<TrainBackend>(
+        config(&["group_size=4294967296"]),
+        Box::new(ToyScorer),
+        &dir,
+        &Default::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("group_size") && e.contains("the epoch's states"), "{e}");
+    // 2^20 samples of 4 states of 3 x 32 x 32 f32 values: 48 GiB; refused against 1 GiB.
+    let t = trainer(config(&["group_size=524288"]), &dir);
+    let e = t.check_memory(Some(1 << 30)).unwrap_err().to_string();
+    assert!(e.contains("group_size") && e.contains("48.0 GiB") && e.contains("1.0 GiB"), "{e}");
+    t.check_memory(Some(64 << 30)).expect("fits in 64 GiB");
+    trainer(config(&[]), &dir).check_memory(Some(1 << 30)).expect("the test run fits");
+    // 4000 samples: states 187.5 MiB; a micro-batch of all of them saves 4 blocks' inputs of
+    // 64 tokens x 64 channels each, 250 MiB: refused against 200 MiB, naming train_batch.
+    let t = trainer(config(&["train_batch=1000000000", "group_size=2000"]), &dir);
+    let e = t.check_memory(Some(200 << 20)).unwrap_err().to_string();
+    assert!(e.contains("`train_batch`") && e.contains("0.2 GiB for a training"), "{e}");
+    t.check_memory(Some(256 << 20)).expect("fits in 256 MiB");
+}

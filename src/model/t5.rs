@@ -56,12 +56,34 @@ impl T5Config {
         }
     }
 
+    /// Checks the configuration; errors name the field.
+    pub fn validate(&self) -> crate::Result<()> {
+        self.relu()?;
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("d_kv", self.d_kv),
+            ("d_ff", self.d_ff),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("relative_attention_num_buckets", self.relative_attention_num_buckets),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(crate::Error::config(field, "must be at least 1"));
+            }
+        }
+        // In f64, so that no product of user-given sizes wraps.
+        let (d, inner) = (self.d_model as f64, self.num_heads as f64 * self.d_kv as f64);
+        let params = self.num_layers as f64 * (4.0 * d * inner + 3.0 * d * self.d_ff as f64)
+            + self.vocab_size as f64 * d;
+        crate::limits::check_params("num_layers/d_model/num_heads/d_kv/d_ff/vocab_size", params)
+    }
+
     /// A randomly initialised encoder (weights are drawn lazily).
     pub fn init<B: Backend>(&self, device: &B::Device) -> crate::Result<T5EncoderModel<B>> {
+        self.validate()?;
         let relu = self.relu()?;
-        if self.num_layers == 0 || self.num_heads == 0 {
-            return Err(crate::Error::config("num_layers", "T5 needs at least one block and head"));
-        }
         let (d, inner) = (self.d_model, self.num_heads * self.d_kv);
         let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
         let norm = || T5LayerNorm {

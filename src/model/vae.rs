@@ -51,15 +51,39 @@ pub struct VaeConfig {
     pub use_post_quant_conv: bool,
 }
 
+/// The most resolution levels a VAE may have (SD3's has 4): the image-to-latent factor
+/// `2^(levels - 1)` stays far from overflow.
+pub const MAX_LEVELS: usize = 16;
+
 /// GroupNorm epsilon of every VAE norm.
 const EPS: f64 = 1e-6;
 
 impl VaeConfig {
     /// Checks the configuration; errors name the field.
     pub fn validate(&self) -> crate::Result<()> {
-        if self.block_out_channels.is_empty() {
-            return Err(crate::Error::config("block_out_channels", "needs at least one level"));
+        if self.block_out_channels.is_empty() || self.block_out_channels.len() > MAX_LEVELS {
+            return Err(crate::Error::config(
+                "block_out_channels",
+                format!("needs 1 to {MAX_LEVELS} levels, found {}", self.block_out_channels.len()),
+            ));
         }
+        let positive = [
+            ("in_channels", self.in_channels),
+            ("out_channels", self.out_channels),
+            ("latent_channels", self.latent_channels),
+            ("norm_num_groups", self.norm_num_groups),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(crate::Error::config(field, "must be at least 1"));
+            }
+        }
+        // Each level's resnets hold two 3x3 convolutions (encoder and decoder together
+        // `2 layers_per_block + 1` resnets); in f64, so that no product wraps.
+        let resnets = 2.0 * self.layers_per_block as f64 + 1.0;
+        let params: f64 =
+            self.block_out_channels.iter().map(|&c| resnets * 18.0 * (c as f64).powi(2)).sum();
+        crate::limits::check_params("block_out_channels/layers_per_block", params)?;
         if let Some(c) = self.block_out_channels.iter().find(|&&c| c % self.norm_num_groups != 0) {
             return Err(crate::Error::config(
                 "norm_num_groups",

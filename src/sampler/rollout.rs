@@ -56,12 +56,15 @@ impl RolloutConfig {
         if self.window_size == 0 {
             return Err(Error::config("window_size", "must be at least 1"));
         }
-        if self.window().end >= self.num_steps {
+        // `saturating_add`: a window start near `usize::MAX` must be refused, not wrap.
+        if self.window_start.saturating_add(self.window_size) >= self.num_steps {
             return Err(Error::config(
                 "window_start/window_size",
                 format!(
-                    "window {:?} reaches step {} whose sigma_next is 0; trained steps must end before it",
-                    self.window(),
+                    "window of {} steps from step {} reaches step {} whose sigma_next is 0; \
+                     trained steps must end before it",
+                    self.window_size,
+                    self.window_start,
                     self.num_steps - 1
                 ),
             ));

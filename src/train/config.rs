@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::ema::EmaConfig;
 use super::optim::AdamWConfig;
 use crate::grpo::ObjectiveConfig;
-use crate::model::{LoraConfig, Precision};
+use crate::model::{LoraConfig, MMDiTConfig, Precision};
 use crate::overrides;
 use crate::sampler::RolloutConfig;
 
@@ -133,6 +133,54 @@ impl TrainConfig {
         Ok(config)
     }
 
+    /// Lower bounds of what a run of these settings holds for a transformer `transformer` at
+    /// latent shape `[C, H, W]`, as `(settings, holding, values)`: the epoch's states
+    /// `(N + 1) S C H W`, and a training micro-batch's saved block inputs `L b T D` (every
+    /// adapted block keeps its input `[b, T, D]` for the adapters' gradients; `T` counts image
+    /// tokens only, `b` is at most `S`). Errors name the settings when a count exceeds
+    /// [`crate::limits::MAX_ELEMENTS`].
+    pub fn footprint(
+        &self,
+        latent: [usize; 3],
+        transformer: &MMDiTConfig,
+    ) -> crate::Result<Vec<(&'static str, &'static str, usize)>> {
+        use crate::limits::elements;
+        let samples = self.prompts_per_epoch.saturating_mul(self.group_size);
+        let [c, h, w] = latent;
+        let tokens = (h / transformer.patch_size) * (w / transformer.patch_size);
+        let states = ("prompts_per_epoch/group_size/rollout.num_steps", "the epoch's states");
+        let forward = ("train_batch", "a training micro-batch's saved block inputs");
+        let batch = self.train_batch.min(samples);
+        let (layers, width) = (transformer.num_layers, transformer.hidden_size());
+        Ok(vec![
+            (
+                states.0,
+                states.1,
+                elements(states.0, states.1, &[self.rollout.num_steps + 1, samples, c, h, w])?,
+            ),
+            (
+                forward.0,
+                forward.1,
+                elements(forward.0, forward.1, &[layers, batch, tokens, width])?,
+            ),
+        ])
+    }
+
+    /// Refuses, naming the settings, a run whose [`TrainConfig::footprint`] at `bytes` per
+    /// value cannot fit in `memory` bytes (the training device's; `None`: unknown, no check).
+    pub fn check_memory(
+        &self,
+        latent: [usize; 3],
+        transformer: &MMDiTConfig,
+        bytes: usize,
+        memory: Option<u64>,
+    ) -> crate::Result<()> {
+        for (fields, what, n) in self.footprint(latent, transformer)? {
+            crate::limits::check_memory(fields, what, n as f64 * bytes as f64, memory)?;
+        }
+        Ok(())
+    }
+
     /// Checks every field, naming the first invalid one.
     pub fn validate(&self) -> crate::Result<()> {
         let positive = [
@@ -158,7 +206,11 @@ impl TrainConfig {
         if self.group_size < 2 {
             return Err(err("group_size", "a group needs at least 2 samples"));
         }
-        let samples = self.prompts_per_epoch * self.group_size;
+        let samples = crate::limits::elements(
+            "prompts_per_epoch/group_size",
+            "an epoch's samples",
+            &[self.prompts_per_epoch, self.group_size],
+        )?;
         if samples < self.optimizer_steps_per_epoch {
             return Err(err(
                 "optimizer_steps_per_epoch",

@@ -49,7 +49,7 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
         let empty = self.pipeline.encode(&[""])?;
         let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
-        let chunk_size = cfg.rollout_batch * 4;
+        let chunk_size = cfg.rollout_batch.saturating_mul(4);
         let (mut scores, mut images) = (Vec::new(), Vec::new());
         let mut tallies: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for (c, chunk) in prompts.chunks(chunk_size).enumerate() {

@@ -114,6 +114,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         if config.eval_every > 0 && eval_prompts.is_empty() {
             return Err(Error::config("eval_every", "evaluation needs held-out prompts"));
         }
+        config.footprint(pipeline.latent_shape(), &base.config)?;
         let dtype = config.precision.resolve::<B>(&base.devices()[0])?;
         let model = cast_params(base, dtype).with_lora(&config.lora)?;
         let params: Vec<_> =
@@ -131,6 +132,20 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             report,
             out_dir: out_dir.as_ref().to_path_buf(),
         })
+    }
+
+    /// Refuses, naming the settings, a run whose largest tensors ([`TrainConfig::footprint`],
+    /// at the base weights' dtype) cannot fit in `memory` bytes of the training device
+    /// ([`crate::backend::memory`] for the selected backend).
+    pub fn check_memory(&self, memory: Option<u64>) -> Result<()> {
+        let dtype = self.config.precision.resolve::<B>(&self.model.devices()[0])?;
+        let latent = self.pipeline.latent_shape();
+        self.config.check_memory(
+            latent,
+            &self.model.config,
+            burn::tensor::DType::from(dtype).size(),
+            memory,
+        )
     }
 
     /// Runs one epoch: collection, credit, update; returns its metrics (without evaluation).

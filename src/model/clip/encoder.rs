@@ -21,6 +21,9 @@ pub(crate) struct EncoderShape {
 
 /// Checks an activation name and head count; errors name the field.
 pub(crate) fn validate_shape(hidden_act: &str, hidden: usize, heads: usize) -> crate::Result<()> {
+    if hidden == 0 {
+        return Err(crate::Error::config("hidden_size", "must be at least 1"));
+    }
     if !matches!(hidden_act, "quick_gelu" | "gelu") {
         return Err(crate::Error::config(
             "hidden_act",

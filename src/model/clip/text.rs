@@ -51,7 +51,15 @@ impl ClipTextConfig {
                 "SD3 reads the penultimate layer: at least 2 layers are needed",
             ));
         }
-        Ok(())
+        // Sizes in f64: a product of user-given numbers must not wrap.
+        let (d, f) = (self.hidden_size as f64, self.intermediate_size as f64);
+        let params = self.num_hidden_layers as f64 * (4.0 * d * d + 2.0 * d * f)
+            + (self.vocab_size as f64 + self.max_position_embeddings as f64) * d
+            + d * self.projection_dim as f64;
+        crate::limits::check_params(
+            "num_hidden_layers/hidden_size/intermediate_size/vocab_size/max_position_embeddings/projection_dim",
+            params,
+        )
     }
 
     /// A randomly initialised encoder (weights are drawn lazily).

@@ -62,7 +62,16 @@ impl ClipVisionConfig {
                 format!("must be a multiple of patch_size {}", self.patch_size),
             ));
         }
-        Ok(())
+        // Sizes in f64: a product of user-given numbers must not wrap.
+        let (d, f, p) =
+            (self.hidden_size as f64, self.intermediate_size as f64, self.patch_size as f64);
+        let positions = (self.image_size as f64 / p).powi(2) + 1.0;
+        let params = self.num_hidden_layers as f64 * (4.0 * d * d + 2.0 * d * f)
+            + (3.0 * p * p + positions + self.projection_dim as f64) * d;
+        crate::limits::check_params(
+            "num_hidden_layers/hidden_size/intermediate_size/image_size/patch_size/projection_dim",
+            params,
+        )
     }
 
     /// Patches per image plus the class token.

@@ -92,16 +92,10 @@ impl MMDiTConfig {
         let params = self.num_layers as f64 * 40.0 * d * d
             + m * m * d
             + (self.joint_attention_dim + self.pooled_projection_dim) as f64 * d;
-        if params > MAX_PARAMS {
-            return Err(Error::config(
-                "num_layers/num_attention_heads/attention_head_dim/pos_embed_max_size",
-                format!(
-                    "imply about {params:.2e} parameters ({:.0} GB in f32), above the {MAX_PARAMS:.0e} \
-                     this crate builds (SD3.5-large has 8.1e9)",
-                    params * 4e-9
-                ),
-            ));
-        }
+        crate::limits::check_params(
+            "num_layers/num_attention_heads/attention_head_dim/pos_embed_max_size",
+            params,
+        )?;
         if self.caption_projection_dim != self.hidden_size() {
             return Err(Error::config(
                 "caption_projection_dim",
@@ -191,7 +185,3 @@ impl MMDiTConfig {
         serde_json::to_string_pretty(&value).expect("config serialises")
     }
 }
-
-/// The most parameters a configuration may imply (SD3.5-large has 8.1e9): larger sizes in a
-/// `config.json` are refused before anything is built.
-pub const MAX_PARAMS: f64 = 2e11;
