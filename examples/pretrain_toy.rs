@@ -17,6 +17,7 @@ use burn::prelude::*;
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::image::Image;
+use tpgrpo::limits;
 use tpgrpo::reward::Prompt;
 use tpgrpo::rng::SplitMix64;
 use tpgrpo::sampler::{ode_sample, seeded_noise, FlowSchedule};
@@ -74,6 +75,17 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         return Err(tpgrpo::Error::config("lr", format!("{} is not a positive number", args.lr)));
     }
     let device = backend::init()?;
+    let images = limits::elements(
+        "batch",
+        "a step's images",
+        &[args.batch, 3, toy::IMAGE_SIZE, toy::IMAGE_SIZE],
+    )?;
+    limits::check_memory(
+        "batch",
+        "a step's images",
+        images as f64 * 4.0,
+        backend::memory(&device),
+    )?;
     <Backend as burn::tensor::backend::Backend>::seed(&device, args.seed);
     let mut model: ToyModel<TrainBackend> =
         if args.resume { ToyModel::load(&args.out, &device)? } else { ToyModel::init(&device)? };

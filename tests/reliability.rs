@@ -431,3 +431,47 @@ fn epochs_that_cannot_fit_are_refused_naming_the_settings() {
     assert!(e.contains("`train_batch`") && e.contains("0.2 GiB for a training"), "{e}");
     t.check_memory(Some(256 << 20)).expect("fits in 256 MiB");
 }
+
+/// Every setting of the toy run, set to each hostile value a careless user could type: the
+/// settings are refused with an error naming that setting, or they build a trainer whose
+/// memory check passes or names a setting; never a panic (which `catch_unwind` would see) or
+/// an allocation abort (which would end this test binary).
+#[test]
+fn every_setting_with_hostile_values_is_an_error_naming_it_or_a_run_never_a_panic() {
+    let dir = common::scratch("rel-hostile");
+    let base = serde_json::to_value(config(&[])).unwrap();
+    let hostile =
+        ["0", "-1", "1e300", "NaN", "18446744073709551615", "4294967296", "x", "[]", "null"];
+    let memory = tpgrpo::limits::host_memory();
+    let (mut refused, mut built) = (0, 0);
+    for (key, _) in tpgrpo::overrides::leaves(&base) {
+        for value in hostile {
+            let set = format!("{key}={value}");
+            let outcome = std::panic::catch_unwind(|| {
+                let cfg = config(&[])
+                    .with_sources(None, std::slice::from_ref(&set))
+                    .map_err(|e| e.to_string())?;
+                let t = toy::trainer::<TrainBackend>(
+                    cfg,
+                    Box::new(ToyScorer),
+                    &dir,
+                    &Default::default(),
+                )
+                .map_err(|e| e.to_string())?;
+                t.check_memory(memory).map_err(|e| e.to_string())
+            });
+            match outcome {
+                Err(_) => panic!("`--set {set}` panicked"),
+                Ok(Ok(())) => built += 1,
+                Ok(Err(e)) => {
+                    // The leaf's last name is in the message (nested ones by their dotted path
+                    // or in a product of settings such as `prompts_per_epoch/group_size`).
+                    let leaf = key.rsplit('.').next().unwrap();
+                    assert!(e.contains(leaf) || e.contains(&key), "`--set {set}`: {e}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert!(refused > 100 && built > 10, "refused {refused}, built {built}");
+}
