@@ -12,7 +12,7 @@ use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy;
 use tpgrpo::train::plot::{save_chart, Series};
-use tpgrpo::train::{noise_scale, EpochMetrics};
+use tpgrpo::train::{noise_scale, run_dir, EpochMetrics};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -30,6 +30,9 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "runs/compare")]
     out: PathBuf,
+    /// Replace runs left in the output folder by an earlier comparison (else they are refused).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 fn main() {
@@ -59,7 +62,8 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
             .collect();
     let config = toy::train_config().with_sources(None, &sets)?;
     let out = args.out.join(format!("{objective}-seed{seed}"));
-    let _ = std::fs::remove_dir_all(&out);
+    let start = if args.overwrite { run_dir::Start::Overwrite } else { run_dir::Start::Fresh };
+    run_dir::claim(&out, start)?;
     let reward = toy::reward(&args.reward)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     let history: Vec<EpochMetrics> = trainer.train(|m| {
