@@ -32,6 +32,14 @@ pub fn check_params(fields: &str, params: f64) -> Result<()> {
     ))
 }
 
+/// `Ok` when every `(field, size)` is at least 1; else an error naming the first that is 0.
+pub fn check_positive(sizes: &[(&str, usize)]) -> Result<()> {
+    match sizes.iter().find(|(_, size)| *size == 0) {
+        Some((field, _)) => Err(Error::config(*field, "must be at least 1")),
+        None => Ok(()),
+    }
+}
+
 /// The product of `sizes` as a `usize`, when it is at most [`MAX_ELEMENTS`]; else an error
 /// naming `fields` (the settings the sizes come from) and `what` (the tensor they shape).
 pub fn elements(fields: &str, what: &str, sizes: &[usize]) -> Result<usize> {
@@ -86,6 +94,13 @@ const GIB: f64 = (1u64 << 30) as f64;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_sizes_are_refused_naming_the_first() {
+        assert!(check_positive(&[("a", 1), ("b", 7)]).is_ok());
+        let e = check_positive(&[("a", 1), ("b", 0), ("c", 0)]).unwrap_err().to_string();
+        assert!(e.contains("`b`") && !e.contains("`c`"), "{e}");
+    }
 
     #[test]
     fn products_that_would_wrap_are_refused_naming_the_fields() {

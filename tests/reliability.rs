@@ -331,6 +331,24 @@ fn load_config_error<M>(
     load(dir).err().map(|e| e.to_string())
 }
 
+/// A `config.json` case: the base file, the field changed, its value, a word the error says.
+type Case = (serde_json::Value, &'static str, serde_json::Value, &'static str);
+
+/// Loads each case's `config.json` (`base` with `field` set to `value`) and expects an error
+/// naming the file and the field and containing `says`.
+fn refuse_each<M, const N: usize>(
+    dir: &Path,
+    cases: [Case; N],
+    load: impl Fn(&Path) -> tpgrpo::Result<M>,
+) {
+    for (base, field, value, says) in cases {
+        let mut config = base;
+        config[field] = value;
+        let e = load_config_error(dir, config, &load).expect(field);
+        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
+    }
+}
+
 /// The text encoders' and the VAE's `config.json`: sizes whose product would wrap or exceed
 /// what this crate builds, and zeros that would divide by zero, are refused naming the file
 /// and the fields before a module is built (each of these used to abort or panic).
@@ -339,7 +357,6 @@ fn encoder_and_vae_configs_with_impossible_sizes_are_refused_naming_file_and_fie
     use tpgrpo::model::{AutoencoderKL, ClipTextModel, T5EncoderModel};
     let dir = common::scratch("rel-encoder-configs");
     let device = Default::default();
-    type Case = (serde_json::Value, &'static str, serde_json::Value, &'static str);
     // Complete files, as transformers and diffusers write them.
     let t5 = serde_json::json!({"vocab_size": 32, "d_model": 8, "d_kv": 4, "d_ff": 16,
         "num_layers": 2, "num_heads": 2, "relative_attention_num_buckets": 32,
@@ -358,38 +375,20 @@ fn encoder_and_vae_configs_with_impossible_sizes_are_refused_naming_file_and_fie
         (t5.clone(), "d_model", (1u64 << 40).into(), "parameters"),
         (t5.clone(), "num_heads", 0.into(), "num_heads"),
     ];
-    for (base, field, value, says) in t5_cases {
-        let mut config = base;
-        config[field] = value;
-        let load = |d: &Path| T5EncoderModel::<B>::load(d, &device);
-        let e = load_config_error(&dir, config, load).expect(field);
-        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
-    }
+    refuse_each(&dir, t5_cases, |d| T5EncoderModel::<B>::load(d, &device));
     let clip_cases: [Case; 3] = [
         (clip.clone(), "intermediate_size", (1u64 << 62).into(), "parameters"),
         (clip.clone(), "max_position_embeddings", (1u64 << 60).into(), "parameters"),
         (clip.clone(), "hidden_size", 0.into(), "hidden_size"),
     ];
-    for (base, field, value, says) in clip_cases {
-        let mut config = base;
-        config[field] = value;
-        let load = |d: &Path| ClipTextModel::<B>::load(d, &device);
-        let e = load_config_error(&dir, config, load).expect(field);
-        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
-    }
+    refuse_each(&dir, clip_cases, |d| ClipTextModel::<B>::load(d, &device));
     let vae_cases: [Case; 4] = [
         (vae.clone(), "norm_num_groups", 0.into(), "norm_num_groups"),
         (vae.clone(), "layers_per_block", 1_000_000_000u64.into(), "parameters"),
         (vae.clone(), "block_out_channels", serde_json::json!(vec![8; 70]), "levels"),
         (vae.clone(), "latent_channels", 0.into(), "latent_channels"),
     ];
-    for (base, field, value, says) in vae_cases {
-        let mut config = base;
-        config[field] = value;
-        let load = |d: &Path| AutoencoderKL::<B>::load(d, &device);
-        let e = load_config_error(&dir, config, load).expect(field);
-        assert!(e.contains("config.json") && e.contains(field) && e.contains(says), "{e}");
-    }
+    refuse_each(&dir, vae_cases, |d| AutoencoderKL::<B>::load(d, &device));
     // The CLIP image tower's sizes, as a transformers CLIPModel's vision_config.
     let vision =
         tpgrpo::model::clip::ClipVisionConfig::new().with_image_size(1 << 31).with_patch_size(1);

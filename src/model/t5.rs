@@ -59,7 +59,7 @@ impl T5Config {
     /// Checks the configuration; errors name the field.
     pub fn validate(&self) -> crate::Result<()> {
         self.relu()?;
-        let positive = [
+        crate::limits::check_positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("d_kv", self.d_kv),
@@ -67,12 +67,7 @@ impl T5Config {
             ("num_layers", self.num_layers),
             ("num_heads", self.num_heads),
             ("relative_attention_num_buckets", self.relative_attention_num_buckets),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(crate::Error::config(field, "must be at least 1"));
-            }
-        }
+        ])?;
         // In f64, so that no product of user-given sizes wraps.
         let (d, inner) = (self.d_model as f64, self.num_heads as f64 * self.d_kv as f64);
         let params = self.num_layers as f64 * (4.0 * d * inner + 3.0 * d * self.d_ff as f64)

@@ -67,17 +67,12 @@ impl VaeConfig {
                 format!("needs 1 to {MAX_LEVELS} levels, found {}", self.block_out_channels.len()),
             ));
         }
-        let positive = [
+        crate::limits::check_positive(&[
             ("in_channels", self.in_channels),
             ("out_channels", self.out_channels),
             ("latent_channels", self.latent_channels),
             ("norm_num_groups", self.norm_num_groups),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(crate::Error::config(field, "must be at least 1"));
-            }
-        }
+        ])?;
         // Each level's resnets hold two 3x3 convolutions (encoder and decoder together
         // `2 layers_per_block + 1` resnets); in f64, so that no product wraps.
         let resnets = 2.0 * self.layers_per_block as f64 + 1.0;

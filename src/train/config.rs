@@ -183,7 +183,7 @@ impl TrainConfig {
 
     /// Checks every field, naming the first invalid one.
     pub fn validate(&self) -> crate::Result<()> {
-        let positive = [
+        crate::limits::check_positive(&[
             ("epochs", self.epochs),
             ("prompts_per_epoch", self.prompts_per_epoch),
             ("rollout_batch", self.rollout_batch),
@@ -191,12 +191,7 @@ impl TrainConfig {
             ("optimizer_steps_per_epoch", self.optimizer_steps_per_epoch),
             ("eval_steps", self.eval_steps),
             ("eval_images_per_prompt", self.eval_images_per_prompt),
-        ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(err(field, "must be at least 1"));
-            }
-        }
+        ])?;
         if self.eval_steps > crate::sampler::schedule::MAX_STEPS {
             return Err(err(
                 "eval_steps",

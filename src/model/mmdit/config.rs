@@ -67,7 +67,7 @@ impl MMDiTConfig {
 
     /// Checks every field, naming the first invalid one.
     pub fn validate(&self) -> crate::Result<()> {
-        let positive = [
+        crate::limits::check_positive(&[
             ("patch_size", self.patch_size),
             ("in_channels", self.in_channels),
             ("num_layers", self.num_layers),
@@ -77,12 +77,7 @@ impl MMDiTConfig {
             ("pooled_projection_dim", self.pooled_projection_dim),
             ("out_channels", self.out_channels),
             ("pos_embed_max_size", self.pos_embed_max_size),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(Error::config(field, "must be at least 1"));
-            }
-        }
+        ])?;
         // Sizes are products of user-given numbers: bound them in f64 (no overflow) before
         // anything is built or allocated.
         let (d, m) = (
