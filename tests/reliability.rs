@@ -38,6 +38,19 @@ fn trainer(cfg: TrainConfig, out: &Path) -> Trainer<TrainBackend, ToyPipeline<B>
     toy::trainer(cfg, toy::reward("toy-alignment").unwrap(), out, &Default::default()).unwrap()
 }
 
+/// A toy trainer scored by the rule-based scorer, or the error that refused it.
+fn scorer_trainer(
+    cfg: TrainConfig,
+    out: &Path,
+) -> tpgrpo::Result<Trainer<TrainBackend, ToyPipeline<B>>> {
+    toy::trainer(cfg, Box::new(ToyScorer), out, &Default::default())
+}
+
+/// The error refusing a toy trainer of `cfg` (panics when it is built).
+fn trainer_error(cfg: TrainConfig, out: &Path) -> String {
+    scorer_trainer(cfg, out).err().expect("the settings are refused").to_string()
+}
+
 #[test]
 fn a_fresh_run_in_another_runs_folder_is_refused_and_nothing_is_mixed() {
     let out = common::scratch("rel-folder");
@@ -164,15 +177,7 @@ fn sizes_are_checked_before_anything_is_allocated_naming_the_field() {
         .to_string();
     assert!(e.contains("rollout.num_steps"), "{e}");
     let dir = common::scratch("rel-sizes");
-    let e = toy::trainer::<TrainBackend>(
-        config(&["lora.rank=100000000"]),
-        Box::new(ToyScorer),
-        &dir,
-        &Default::default(),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = trainer_error(config(&["lora.rank=100000000"]), &dir);
     assert!(e.contains("lora.rank"), "{e}");
     let e = tpgrpo::pipeline::Sd3Pipeline::<B>::load(&dir, 0, &Default::default())
         .err()
@@ -407,15 +412,7 @@ fn epochs_that_cannot_fit_are_refused_naming_the_settings() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("prompts_per_epoch/group_size"), "{e}");
-    let e = toy::trainer::<TrainBackend>(
-        config(&["group_size=4294967296"]),
-        Box::new(ToyScorer),
-        &dir,
-        &Default::default(),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = trainer_error(config(&["group_size=4294967296"]), &dir);
     assert!(e.contains("group_size") && e.contains("the epoch's states"), "{e}");
     // 2^20 samples of 4 states of 3 x 32 x 32 f32 values: 48 GiB; refused against 1 GiB.
     let t = trainer(config(&["group_size=524288"]), &dir);
@@ -450,13 +447,7 @@ fn every_setting_with_hostile_values_is_an_error_naming_it_or_a_run_never_a_pani
                 let cfg = config(&[])
                     .with_sources(None, std::slice::from_ref(&set))
                     .map_err(|e| e.to_string())?;
-                let t = toy::trainer::<TrainBackend>(
-                    cfg,
-                    Box::new(ToyScorer),
-                    &dir,
-                    &Default::default(),
-                )
-                .map_err(|e| e.to_string())?;
+                let t = scorer_trainer(cfg, &dir).map_err(|e| e.to_string())?;
                 t.check_memory(memory).map_err(|e| e.to_string())
             });
             match outcome {

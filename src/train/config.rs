@@ -143,26 +143,25 @@ impl TrainConfig {
         &self,
         latent: [usize; 3],
         transformer: &MMDiTConfig,
-    ) -> crate::Result<Vec<(&'static str, &'static str, usize)>> {
-        use crate::limits::elements;
+    ) -> crate::Result<[(&'static str, &'static str, usize); 2]> {
         let samples = self.prompts_per_epoch.saturating_mul(self.group_size);
         let [c, h, w] = latent;
         let tokens = (h / transformer.patch_size) * (w / transformer.patch_size);
-        let states = ("prompts_per_epoch/group_size/rollout.num_steps", "the epoch's states");
-        let forward = ("train_batch", "a training micro-batch's saved block inputs");
         let batch = self.train_batch.min(samples);
-        let (layers, width) = (transformer.num_layers, transformer.hidden_size());
-        Ok(vec![
-            (
-                states.0,
-                states.1,
-                elements(states.0, states.1, &[self.rollout.num_steps + 1, samples, c, h, w])?,
-            ),
-            (
-                forward.0,
-                forward.1,
-                elements(forward.0, forward.1, &[layers, batch, tokens, width])?,
-            ),
+        let count = |fields, what, sizes: &[usize]| {
+            crate::limits::elements(fields, what, sizes).map(|n| (fields, what, n))
+        };
+        Ok([
+            count(
+                "prompts_per_epoch/group_size/rollout.num_steps",
+                "the epoch's states",
+                &[self.rollout.num_steps + 1, samples, c, h, w],
+            )?,
+            count(
+                "train_batch",
+                "a training micro-batch's saved block inputs",
+                &[transformer.num_layers, batch, tokens, transformer.hidden_size()],
+            )?,
         ])
     }
 
