@@ -44,6 +44,13 @@ pub enum Error {
         /// Of how many.
         total: usize,
     },
+    /// A replica of a data-parallel run failed, or its collective did.
+    Replica {
+        /// The replica's rank.
+        rank: usize,
+        /// What happened.
+        message: String,
+    },
     /// A tensor argument has the wrong shape.
     Shape {
         /// The argument.
@@ -110,6 +117,7 @@ impl fmt::Display for Error {
                 "{what}: {count} of {total} values are NaN or infinite (diverged? try a lower \
                  optimizer.lr; check the weights and inputs); stopped before writing them"
             ),
+            Error::Replica { rank, message } => write!(f, "replica {rank}: {message}"),
             Error::Shape { name, expected, found } => {
                 write!(f, "`{name}` has shape {found:?}, expected {expected}")
             }

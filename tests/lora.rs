@@ -221,8 +221,8 @@ fn global_norm_clipping_by_hand() {
 }
 
 /// One-dimensional gradients: micro-batch means 2 and 6 of two samples each, update mean 4.
-/// `s = (4 + 36) / 2 = 20`, `h = 1/2`, `m = 2`: `tr(Sigma) = (20 - 16) / (1/2 * 1/2) = 16`,
-/// `|G|^2 = 16 - (1/4) 16 = 12`.
+/// `s = (4 + 36) / 2 = 20`, `h = 1/2`, `B = 4`: `tr(Sigma) = (20 - 16) / (1/2 - 1/4) = 16`,
+/// `|G|^2 = 16 - 16/4 = 12`.
 #[test]
 fn gradient_noise_by_hand() {
     let e = GradientNoise::estimate(&[(2, 4.0), (2, 36.0)], 16.0).unwrap();
@@ -260,8 +260,9 @@ fn gradient_noise_estimates_are_unbiased_for_known_gradients() {
                     g[j] += (mu[j] + sd[j] * normal()) / b as f64;
                 }
             }
+            let total = sizes.iter().sum::<usize>() as f64;
             for j in 0..5 {
-                full[j] += g[j] / sizes.len() as f64;
+                full[j] += g[j] * b as f64 / total;
             }
             micro.push((b, sq(&g)));
         }

@@ -192,8 +192,17 @@ pub struct Checkpoint<B: Backend> {
 pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<Checkpoint<B>> {
     let path = dir.join("trainer_state.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let state: TrainerState =
+    let mut value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::format(&path, e.to_string()))?;
+    // Settings added after the checkpoint was written take their defaults.
+    if let Some(saved) = value.get_mut("config") {
+        let leaves = crate::overrides::leaves(saved);
+        let config = crate::overrides::apply(&TrainConfig::new(), &leaves)
+            .map_err(|e| Error::format(&path, e.to_string()))?;
+        *saved = serde_json::to_value(config).expect("settings serialise");
+    }
+    let state: TrainerState =
+        serde_json::from_value(value).map_err(|e| Error::format(&path, e.to_string()))?;
     let files = WeightFiles::open(dir.join("state.safetensors"))?;
     let mut groups: BTreeMap<String, Named<B>> = BTreeMap::new();
     for key in files.keys() {

@@ -3,11 +3,13 @@
 //! rewards, gathered into a [`Batch`] whose reward rows say which objective they serve.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use burn::prelude::*;
 use indicatif::ProgressBar;
 
 use super::config::TrainConfig;
+use super::replica::Replica;
 use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::grpo::{Objective, RewardRows};
@@ -16,13 +18,17 @@ use crate::reward::{score_terms, Prompt, Reward, Term};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::{ode_completions, rollout, seeded_noise, Conditioning, Rollout, TextToImage};
 
-/// One epoch's rollouts: every sample's states, old log-probs, rewards and prompt.
+/// One epoch's rollouts: the states and old log-probs of this replica's samples, and every
+/// sample's rewards and prompt.
 pub struct Batch<B: Backend> {
+    /// The samples this replica drew (all of them on a single device); the tensors hold
+    /// these rows, sample `rows.start` first.
+    pub rows: Range<usize>,
     /// `states[k]`: `[S, C, H, W]` latent before scheduler step `k` (`k = 0..=N`).
     pub states: Vec<Tensor<B, 4>>,
     /// `old_log_probs[j]`: `[S]` log-prob of trained step `j` under the sampling policy.
     pub old_log_probs: Vec<Tensor<B, 1>>,
-    /// The rewards, shaped by the objective.
+    /// The rewards, shaped by the objective (of this replica's rows until gathered).
     pub rewards: RewardRows,
     /// Index into the epoch's prompts of each sample.
     pub prompt_ids: Vec<usize>,
@@ -34,6 +40,34 @@ pub struct Batch<B: Backend> {
     pub nfe: usize,
     /// Each reward term's unweighted scores of the final images, in sample order.
     pub reward_terms: BTreeMap<String, Vec<f64>>,
+}
+
+impl<B: Backend> Batch<B> {
+    /// Gathers every replica's rewards, reward terms and evaluation counts, so that credit
+    /// sees whole groups exactly as on a single device (the shares tile the samples in rank
+    /// order); the states stay with the replica that drew them.
+    pub fn gather(&mut self, replica: &Replica, device: &B::Device) -> Result<()> {
+        if replica.size == 1 {
+            return Ok(());
+        }
+        let rewards = match &self.rewards {
+            RewardRows::Finals(f) => {
+                RewardRows::Finals(replica.all_gather::<B>(f, device)?.concat())
+            }
+            RewardRows::Sequences(rows) => {
+                let width = rows.first().map_or(0, Vec::len);
+                let flat = replica.all_gather::<B>(&rows.concat(), device)?.concat();
+                RewardRows::Sequences(flat.chunks(width.max(1)).map(<[f64]>::to_vec).collect())
+            }
+        };
+        self.rewards = rewards;
+        for scores in self.reward_terms.values_mut() {
+            *scores = replica.all_gather::<B>(scores, device)?.concat();
+        }
+        let nfe = replica.all_gather::<B>(&[self.nfe as f64], device)?;
+        self.nfe = nfe.iter().map(|n| n[0] as usize).sum();
+        Ok(())
+    }
 }
 
 /// The `P` distinct prompts of epoch `epoch`: the first `P` of a seeded shuffle of the
@@ -75,29 +109,38 @@ struct Chunk<B: Backend> {
 }
 
 impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
-    /// Rollouts of every sample of epoch `epoch` on `prompts`, in chunks of `rollout_batch`,
-    /// and their rewards.
-    pub fn collect(&self, epoch: usize, prompts: &[Prompt], pb: &ProgressBar) -> Result<Batch<B>> {
+    /// Rollouts of the samples `rows` of epoch `epoch` on `prompts` (of the
+    /// [`sample_order`]), in chunks of `rollout_batch`, and their rewards.
+    pub fn collect(
+        &self,
+        epoch: usize,
+        prompts: &[Prompt],
+        rows: Range<usize>,
+        pb: &ProgressBar,
+    ) -> Result<Batch<B>> {
         let cfg = self.config;
         let texts: Vec<&str> = prompts.iter().map(|p| p.text.as_str()).collect();
         let (cond, empty) = (self.pipeline.encode(&texts)?, self.pipeline.encode(&[""])?);
         let prompt_ids = sample_order(cfg, epoch);
-        let total = prompt_ids.len();
         let mut states: Vec<Vec<Tensor<B, 4>>> = vec![Vec::new(); cfg.rollout.num_steps + 1];
         let mut old: Vec<Vec<Tensor<B, 1>>> = vec![Vec::new(); cfg.rollout.window().len()];
         let mut rewards = RewardRows::empty(cfg.objective.objective);
         let mut nfe = 0;
         let mut reward_terms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        pb.set_length(total as u64);
+        pb.set_length(rows.len() as u64);
         pb.set_position(0);
-        for start in (0..total).step_by(cfg.rollout_batch) {
-            let rows: Vec<usize> = (start..(start + cfg.rollout_batch).min(total)).collect();
-            let ids: Vec<usize> = rows.iter().map(|&i| prompt_ids[i]).collect();
+        for start in rows.clone().step_by(cfg.rollout_batch) {
+            let chunk_rows: Vec<usize> =
+                (start..(start + cfg.rollout_batch).min(rows.end)).collect();
+            let ids: Vec<usize> = chunk_rows.iter().map(|&i| prompt_ids[i]).collect();
             let chunk = Chunk {
-                seeds: rows.iter().map(|&i| mix(mix(cfg.seed, epoch as u64), i as u64)).collect(),
+                seeds: chunk_rows
+                    .iter()
+                    .map(|&i| mix(mix(cfg.seed, epoch as u64), i as u64))
+                    .collect(),
                 prompts: ids.iter().map(|&i| prompts[i].clone()).collect(),
                 cond: cond.select(&ids),
-                uncond: empty.select(&vec![0; rows.len()]),
+                uncond: empty.select(&vec![0; chunk_rows.len()]),
             };
             let (r, chunk_rewards, terms, chunk_nfe) = self.sample_chunk(&chunk)?;
             rewards.extend(chunk_rewards)?;
@@ -111,9 +154,10 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             for (j, lp) in r.log_probs.into_iter().enumerate() {
                 old[j].push(lp);
             }
-            pb.inc(rows.len() as u64);
+            pb.inc(chunk_rows.len() as u64);
         }
         Ok(Batch {
+            rows,
             states: states.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
             old_log_probs: old.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
             rewards,

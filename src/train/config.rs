@@ -56,6 +56,11 @@ pub struct TrainConfig {
     /// Seed of prompt choice and every noise draw.
     #[config(default = 0)]
     pub seed: u64,
+    /// Devices of this process, one data-parallel replica on each ([`super::parallel`]); the
+    /// run's replicas are this times the nodes. The result does not depend on it beyond float
+    /// summation order.
+    #[config(default = 1)]
+    pub devices: usize,
     /// Dtype of the frozen base weights and the activations: `auto` (bf16 where the backend
     /// computes it, else f32), `f32` or `bf16`; adapters, gradients, optimizer state, EMA,
     /// log-probs and the loss are f32 in every case ([`crate::model::precision`]).
@@ -83,9 +88,17 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
 }
 
 /// Settings a resumed run may change: they decide how long it runs and what it writes and
-/// evaluates, not the training trajectory (every draw derives from the seed and the epoch).
-pub const RESUMABLE_CHANGES: [&str; 6] =
-    ["epochs", "save_every", "eval_every", "eval_steps", "eval_prompts", "eval_images_per_prompt"];
+/// evaluates and on how many devices, not the training trajectory (every draw derives from the
+/// seed and the epoch).
+pub const RESUMABLE_CHANGES: [&str; 7] = [
+    "epochs",
+    "save_every",
+    "eval_every",
+    "eval_steps",
+    "eval_prompts",
+    "eval_images_per_prompt",
+    "devices",
+];
 
 impl TrainConfig {
     /// The settings that differ from `saved` and would break an exact resume, each as
@@ -184,6 +197,7 @@ impl TrainConfig {
     pub fn validate(&self) -> crate::Result<()> {
         crate::limits::check_positive(&[
             ("epochs", self.epochs),
+            ("devices", self.devices),
             ("prompts_per_epoch", self.prompts_per_epoch),
             ("rollout_batch", self.rollout_batch),
             ("train_batch", self.train_batch),

@@ -1,5 +1,5 @@
 //! Training: the TP-GRPO / Flow-GRPO epoch loop ([`Trainer`]), its settings, optimizer, EMA,
-//! checkpoints, metrics (with the gradient noise scale) and plots.
+//! checkpoints, metrics (with the gradient noise scale), plots, and data-parallel replicas.
 
 pub mod checkpoint;
 pub mod collect;
@@ -9,7 +9,9 @@ pub mod evaluate;
 pub mod metrics;
 pub mod noise_scale;
 pub mod optim;
+pub mod parallel;
 pub mod plot;
+pub mod replica;
 pub mod run_dir;
 pub mod trainer;
 pub mod update;
@@ -20,4 +22,5 @@ pub use evaluate::Evaluation;
 pub use metrics::{noise_scale, EpochMetrics};
 pub use noise_scale::GradientNoise;
 pub use optim::{clip_global_norm, AdamW, AdamWConfig};
+pub use replica::Replica;
 pub use trainer::{Task, Trainer};

@@ -15,23 +15,25 @@ pub struct GradientNoise {
 impl GradientNoise {
     /// The estimates of one update from the squared norms of its `m` micro-batches' mean
     /// gradients `micro[i] = (b_i, |G_i|^2)` and of the update's gradient `full_sq = |G_full|^2`,
-    /// `G_full` being the mean of the `G_i` (how the trainer accumulates them).
+    /// `G_full = sum_i b_i G_i / B` being the mean over all `B = sum_i b_i` samples (how the
+    /// trainer accumulates them: every sample weighs the same).
     ///
     /// A mean of `b` independent sample gradients has `E|G_b|^2 = |G|^2 + tr(Sigma) / b`; with
     /// `s = mean_i |G_i|^2` and `h = mean_i 1/b_i`, `E s = |G|^2 + h tr(Sigma)` and
-    /// `E |G_full|^2 = |G|^2 + (h/m) tr(Sigma)`, so
-    /// `tr(Sigma) = (s - |G_full|^2) / (h (1 - 1/m))` and `|G|^2 = |G_full|^2 - (h/m) tr(Sigma)`
-    /// (the paper's appendix A.1, written for micro-batches of any sizes). `None` with fewer
-    /// than two micro-batches: nothing then separates signal from noise.
+    /// `E |G_full|^2 = |G|^2 + tr(Sigma) / B`, so `tr(Sigma) = (s - |G_full|^2) / (h - 1/B)`
+    /// and `|G|^2 = |G_full|^2 - tr(Sigma) / B` (the paper's appendix A.1, written for
+    /// micro-batches of any sizes; `h > 1/B` once `m >= 2`). `None` with fewer than two
+    /// micro-batches: nothing then separates signal from noise.
     pub fn estimate(micro: &[(usize, f64)], full_sq: f64) -> Option<Self> {
         if micro.len() < 2 || micro.iter().any(|&(b, _)| b == 0) {
             return None;
         }
         let m = micro.len() as f64;
+        let total = micro.iter().map(|&(b, _)| b as f64).sum::<f64>();
         let s = micro.iter().map(|&(_, g2)| g2).sum::<f64>() / m;
         let h = micro.iter().map(|&(b, _)| 1.0 / b as f64).sum::<f64>() / m;
-        let noise_trace = (s - full_sq) / (h * (1.0 - 1.0 / m));
-        Some(GradientNoise { signal_sq: full_sq - h / m * noise_trace, noise_trace })
+        let noise_trace = (s - full_sq) / (h - 1.0 / total);
+        Some(GradientNoise { signal_sq: full_sq - noise_trace / total, noise_trace })
     }
 
     /// The mean of `estimates` (each field averaged); `None` when there are none.

@@ -19,8 +19,11 @@ use super::metrics::{read_metrics, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
 use super::optim::AdamW;
 use super::plot::{save_chart, Series};
+use super::replica::Replica;
 use super::run_dir;
-use super::update::{optimizer_step, reference_policy, StepGradient, StepLosses, UpdateStats};
+use super::update::{
+    complete, optimizer_step, reference_policy, StepGradient, StepLosses, UpdateStats,
+};
 use crate::error::{Error, Result};
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::{save_grid, Image};
@@ -69,6 +72,8 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     pub report: Option<Box<dyn Report>>,
     /// Output folder (metrics, images, checkpoints).
     pub out_dir: PathBuf,
+    /// This trainer's replica of a data-parallel run ([`Replica::SINGLE`] by default).
+    pub replica: Replica,
 }
 
 fn bar(len: usize, what: &str) -> ProgressBar {
@@ -131,7 +136,14 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             eval_prompts,
             report,
             out_dir: out_dir.as_ref().to_path_buf(),
+            replica: Replica::SINGLE,
         })
+    }
+
+    /// This trainer as replica `replica` of a data-parallel run (see [`super::parallel`]).
+    pub fn with_replica(mut self, replica: Replica) -> Self {
+        self.replica = replica;
+        self
     }
 
     /// Refuses, naming the settings, a run whose largest tensors ([`TrainConfig::footprint`],
@@ -185,7 +197,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         })
     }
 
-    /// The collection phase: rollouts of epoch `epoch` with the current policy, and rewards.
+    /// The collection phase: rollouts of this replica's share of epoch `epoch` with the
+    /// current policy, and every replica's rewards.
     fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
         let policy = self.model.valid();
         let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
@@ -195,12 +208,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             pipeline: &self.pipeline,
             reward: self.reward.as_ref(),
         };
-        collector.collect(epoch, &prompts, pb)
+        let rows = self.replica.share(self.config.prompts_per_epoch * self.config.group_size);
+        let mut batch = collector.collect(epoch, &prompts, rows, pb)?;
+        batch.gather(&self.replica, &policy.devices()[0])?;
+        Ok(batch)
     }
 
     /// The update phase: the informative samples, in a seeded order, split evenly over
-    /// `optimizer_steps_per_epoch` steps; each step sums its micro-batches' gradients over
-    /// every trained step, then clips, steps AdamW and updates the EMA.
+    /// `optimizer_steps_per_epoch` steps; each replica sums the gradients of its own samples
+    /// of a step, micro-batch by micro-batch over every trained step, every sample weighing
+    /// `1 / (step samples x trained steps)`; the replicas' sums are added up (all-reduce),
+    /// then every replica clips, steps AdamW and updates the EMA alike.
     fn update(
         &mut self,
         batch: &Batch<B::InnerBackend>,
@@ -212,7 +230,14 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let mut order = credit.informative.clone();
         SplitMix64(mix(cfg.seed, salt::UPDATE_ORDER + epoch as u64)).shuffle(&mut order);
         let n = cfg.rollout.window().len();
-        pb.set_length((order.len().div_ceil(cfg.train_batch).max(1) * n) as u64);
+        let steps = cfg.optimizer_steps_per_epoch.min(order.len().max(1));
+        let chunks: Vec<&[usize]> = order.chunks(order.len().div_ceil(steps).max(1)).collect();
+        let own: Vec<Vec<usize>> = chunks
+            .iter()
+            .map(|c| c.iter().copied().filter(|i| batch.rows.contains(i)).collect())
+            .collect();
+        let micro_batches: usize = own.iter().map(|o| o.len().div_ceil(cfg.train_batch)).sum();
+        pb.set_length((micro_batches * n) as u64);
         pb.set_position(0);
         let losses = StepLosses::<B> {
             config: &cfg,
@@ -221,29 +246,72 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             reference: reference_policy(&self.model),
             schedule: cfg.rollout.schedule()?,
         };
+        let device = batch.states[0].device();
         let mut stats = UpdateStats::default();
-        let steps = cfg.optimizer_steps_per_epoch.min(order.len().max(1));
-        for chunk in order.chunks(order.len().div_ceil(steps).max(1)) {
-            let micro: Vec<&[usize]> = chunk.chunks(cfg.train_batch).collect();
-            let scale = 1.0 / (micro.len() * n) as f64;
-            let mut step = StepGradient::new(micro.len());
-            for rows in micro {
+        for (chunk, own) in chunks.iter().zip(&own) {
+            let mut step = StepGradient::new(chunk.len());
+            for rows in own.chunks(cfg.train_batch) {
+                let scale = rows.len() as f64 / (chunk.len() * n) as f64;
                 let (share, loss) = losses.gradients(&self.model, rows, scale, pb)?;
                 step.add(rows.len(), share);
                 stats.loss.extend(loss);
             }
+            let grads = self.replica.all_reduce(complete(&self.model, step.grads))?;
+            let micro = self.replica.all_gather::<B::InnerBackend>(
+                &step.micro_sq.iter().flat_map(|&(b, sq)| [b as f64, sq]).collect::<Vec<_>>(),
+                &device,
+            )?;
+            let micro: Vec<(usize, f64)> =
+                micro.concat().chunks(2).map(|p| (p[0] as usize, p[1])).collect();
             let (model, norm) = optimizer_step(
                 self.model.clone(),
                 &mut self.optimizer,
                 &mut self.ema,
-                step.grads,
+                grads,
                 cfg.max_grad_norm,
             )?;
             self.model = model;
-            stats.noise.extend(GradientNoise::estimate(&step.micro_sq, norm * norm));
+            stats.noise.extend(GradientNoise::estimate(&micro, norm * norm));
             stats.grad_norm.push(norm);
         }
+        stats.loss = self.gather_losses(&stats.loss, &device)?;
         Ok(stats)
+    }
+
+    /// Every replica's loss statistics, in rank order.
+    fn gather_losses(
+        &self,
+        local: &[LossStats],
+        device: &burn::tensor::Device<B::InnerBackend>,
+    ) -> Result<Vec<LossStats>> {
+        if self.replica.size == 1 {
+            return Ok(local.to_vec());
+        }
+        let flat: Vec<f64> = local
+            .iter()
+            .flat_map(|s| {
+                [
+                    s.ratio_mean,
+                    s.clip_frac_above,
+                    s.clip_frac_below,
+                    s.approx_kl,
+                    s.kl,
+                    s.policy_loss,
+                ]
+            })
+            .collect();
+        let all = self.replica.all_gather::<B::InnerBackend>(&flat, device)?.concat();
+        Ok(all
+            .chunks(6)
+            .map(|v| LossStats {
+                ratio_mean: v[0],
+                clip_frac_above: v[1],
+                clip_frac_below: v[2],
+                approx_kl: v[3],
+                kl: v[4],
+                policy_loss: v[5],
+            })
+            .collect())
     }
 
     /// The policy with the EMA adapters, on the inner backend.
@@ -331,6 +399,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         self.optimizer.moments = moments;
         self.optimizer.step = state.optimizer_step;
         self.epoch = state.epoch;
+        if !self.replica.is_lead() {
+            return Ok(());
+        }
         let path = self.out_dir.join("metrics.jsonl");
         let kept: Vec<EpochMetrics> =
             read_metrics(&path)?.into_iter().filter(|m| m.epoch <= self.epoch).collect();
@@ -338,14 +409,19 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// Runs epochs until `config.epochs`, evaluating, logging, plotting and checkpointing;
-    /// `on_epoch` sees every metrics line.
+    /// `on_epoch` sees every metrics line. Of a data-parallel run's replicas only the lead
+    /// evaluates and writes; the others train alongside.
     pub fn train(&mut self, mut on_epoch: impl FnMut(&EpochMetrics)) -> Result<Vec<EpochMetrics>> {
         let cfg = self.config.clone();
+        let lead = self.replica.is_lead();
         let start = if self.epoch > 0 { run_dir::Start::Resume } else { run_dir::Start::Fresh };
-        run_dir::claim(&self.out_dir, start)?;
         let metrics_path = self.out_dir.join("metrics.jsonl");
-        let mut history = read_metrics(&metrics_path)?;
-        if self.epoch == 0 && cfg.eval_every > 0 {
+        let mut history = Vec::new();
+        if lead {
+            run_dir::claim(&self.out_dir, start)?;
+            history = read_metrics(&metrics_path)?;
+        }
+        if lead && self.epoch == 0 && cfg.eval_every > 0 {
             let eval = self.evaluate()?;
             self.save_samples(0, &eval.images)?;
             let start = EpochMetrics {
@@ -358,22 +434,25 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             history = vec![start];
             write_metrics(&metrics_path, &history)?;
         }
-        let epochs = bar(cfg.epochs, "epochs");
+        let shown = |len, what| if lead { bar(len, what) } else { ProgressBar::hidden() };
+        let epochs = shown(cfg.epochs, "epochs");
         epochs.set_position(self.epoch as u64);
-        let inner = bar(1, "epoch");
+        let inner = shown(1, "epoch");
         while self.epoch < cfg.epochs {
             let mut m = self.run_epoch(&inner)?;
             let last = self.epoch == cfg.epochs;
-            if cfg.eval_every > 0 && (self.epoch % cfg.eval_every == 0 || last) {
+            if lead && cfg.eval_every > 0 && (self.epoch % cfg.eval_every == 0 || last) {
                 inner.set_message("evaluation");
                 let eval = self.evaluate()?;
                 self.save_samples(self.epoch, &eval.images)?;
                 (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
             }
             history.push(m.clone());
-            write_metrics(&metrics_path, &history)?;
-            if (cfg.save_every > 0 && self.epoch % cfg.save_every == 0) || last {
-                self.save_checkpoint()?;
+            if lead {
+                write_metrics(&metrics_path, &history)?;
+                if (cfg.save_every > 0 && self.epoch % cfg.save_every == 0) || last {
+                    self.save_checkpoint()?;
+                }
             }
             epochs.inc(1);
             epochs.set_message(format!("reward {:.3}", m.reward_mean));
@@ -381,7 +460,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         }
         inner.finish_and_clear();
         epochs.finish_and_clear();
-        self.save_curves(&history)?;
+        if lead {
+            self.save_curves(&history)?;
+        }
         Ok(history)
     }
 

@@ -69,13 +69,16 @@ pub struct StepLosses<'a, B: AutodiffBackend> {
 /// reference (inner backend), built once for all trained steps.
 struct MicroBatch<'r, B: AutodiffBackend> {
     rows: &'r [usize],
+    /// The rows' places in this replica's states.
+    local: Vec<usize>,
     guide: Guidance<B>,
     guide_ref: Guidance<B::InnerBackend>,
 }
 
 impl<B: AutodiffBackend> StepLosses<'_, B> {
-    /// The gradients of one micro-batch (`rows`) summed over every trained step, each step's
-    /// loss scaled by `scale`, and the loss statistics of each step.
+    /// The gradients of one micro-batch (`rows`, samples of this replica's batch) summed over
+    /// every trained step, each step's loss (a mean over the rows) scaled by `scale`, and the
+    /// loss statistics of each step.
     pub fn gradients(
         &self,
         model: &MMDiT<B>,
@@ -88,6 +91,7 @@ impl<B: AutodiffBackend> StepLosses<'_, B> {
         let (c, u) = (batch.cond.select(&ids), batch.empty.select(&vec![0; b]));
         let micro = MicroBatch {
             rows,
+            local: rows.iter().map(|&i| i - batch.rows.start).collect(),
             guide: Guidance::new(&lift::<B>(&c), &lift::<B>(&u), g, b, 1)?,
             guide_ref: Guidance::new(&c, &u, g, b, 1)?,
         };
@@ -119,9 +123,10 @@ impl<B: AutodiffBackend> StepLosses<'_, B> {
         let (cfg, batch, rows) = (self.config, self.batch, micro.rows);
         let (obj, ro, b) = (&cfg.objective, &cfg.rollout, rows.len());
         let device = model.devices()[0].clone();
-        let x_inner = select_rows(&batch.states[k], rows);
-        let x_next = Tensor::<B, 4>::from_inner(select_rows(&batch.states[k + 1], rows));
-        let old = Tensor::<B, 1>::from_inner(select_rows(&batch.old_log_probs[j], rows));
+        let local = &micro.local;
+        let x_inner = select_rows(&batch.states[k], local);
+        let x_next = Tensor::<B, 4>::from_inner(select_rows(&batch.states[k + 1], local));
+        let old = Tensor::<B, 1>::from_inner(select_rows(&batch.old_log_probs[j], local));
         let adv: Vec<f32> = rows.iter().map(|&i| self.advantages[i][j] as f32).collect();
         let adv = Tensor::<B, 1>::from_data(TensorData::new(adv, [b]), &device);
         let sigma = self.schedule.sigmas[k] * 1000.0;
@@ -150,19 +155,20 @@ pub struct StepGradient<B: Backend> {
     pub grads: Gradients<B>,
     /// `(rows, |micro-batch mean gradient|^2)` per micro-batch.
     pub micro_sq: Vec<(usize, f64)>,
-    micro_batches: usize,
+    step_rows: usize,
 }
 
 impl<B: Backend> StepGradient<B> {
-    /// An empty gradient of a step of `micro_batches` micro-batches.
-    pub fn new(micro_batches: usize) -> Self {
-        StepGradient { grads: Gradients::new(), micro_sq: Vec::new(), micro_batches }
+    /// An empty gradient of a step over `step_rows` samples (on all replicas together).
+    pub fn new(step_rows: usize) -> Self {
+        StepGradient { grads: Gradients::new(), micro_sq: Vec::new(), step_rows }
     }
 
-    /// Adds a micro-batch of `rows` samples whose `share` is its mean gradient divided by the
-    /// number of micro-batches (so `m^2 |share|^2` is the squared norm of its mean).
+    /// Adds a micro-batch of `rows` samples whose `share` is its mean gradient times
+    /// `rows / step_rows` (every sample of the step weighs the same), so that
+    /// `(step_rows / rows)^2 |share|^2` is the squared norm of its mean.
     pub fn add(&mut self, rows: usize, share: Gradients<B>) {
-        let m = self.micro_batches as f64;
+        let m = self.step_rows as f64 / rows as f64;
         self.micro_sq.push((rows, m * m * squared_norm(&share)));
         for (name, g) in share {
             add_gradient(&mut self.grads, name, g);
@@ -170,21 +176,32 @@ impl<B: Backend> StepGradient<B> {
     }
 }
 
+/// `grads` with a zero gradient for every adapter factor of `model` it lacks (factors
+/// without a gradient path, such as the last block's text queries, or a replica with no
+/// sample in a step).
+pub fn complete<B: AutodiffBackend>(
+    model: &MMDiT<B>,
+    mut grads: Gradients<B::InnerBackend>,
+) -> Gradients<B::InnerBackend> {
+    for (name, p) in model.lora_tensors() {
+        grads.entry(name).or_insert_with(|| p.inner().zeros_like());
+    }
+    grads
+}
+
 /// Clips `grads` to the global norm `max_norm`, takes an AdamW step on `model`'s adapter
 /// factors, updates the EMA and returns the updated model and the norm before clipping.
-/// Factors without a gradient path (the last block's text queries) get zero gradients.
+/// Factors without a gradient get zero gradients ([`complete`]).
 pub fn optimizer_step<B: AutodiffBackend>(
     model: MMDiT<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     ema: &mut Ema<B::InnerBackend>,
-    mut grads: Gradients<B::InnerBackend>,
+    grads: Gradients<B::InnerBackend>,
     max_norm: f64,
 ) -> Result<(MMDiT<B>, f64)> {
+    let mut grads = complete(&model, grads);
     let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
         model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
-    for (name, p) in &params {
-        grads.entry(name.clone()).or_insert_with(|| p.zeros_like());
-    }
     let norm = clip_global_norm(&mut grads, max_norm);
     if !norm.is_finite() {
         for (name, g) in &grads {

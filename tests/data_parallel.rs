@@ -1,0 +1,222 @@
+//! Data-parallel training on the CPU: two NdArray replicas in one process, joined by Burn's
+//! collective, against the single-device run of the same settings (same prompts, noise and
+//! samples); the exact all-gather; a failing replica stops the run with its error.
+//!
+//! The collective's server is one per process and backend, so these tests take turns.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tpgrpo::backend::{Backend as B, TrainBackend};
+use tpgrpo::reward::{Prompt, Reward};
+use tpgrpo::toy::{self, ToyAlignment, ToyPipeline};
+use tpgrpo::train::{checkpoint, parallel, EpochMetrics, Replica, TrainConfig, Trainer};
+
+static COLLECTIVE: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    COLLECTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// 2 prompts x 4 samples in rollout chunks of 4: replica 0 draws samples 0..4 and replica 1
+/// samples 4..8, exactly the single device's two chunks; 2 optimizer steps of micro-batches
+/// of 2, so the replicas' micro-batches differ from the single device's. Clip range 1e-2:
+/// the paper's 1e-5 is the size of f32 noise in recomputed log-probabilities, where a
+/// sample's clipping could flip with summation order alone.
+fn config() -> TrainConfig {
+    let sets: Vec<String> = [
+        "epochs=2",
+        "prompts_per_epoch=2",
+        "group_size=4",
+        "rollout_batch=4",
+        "train_batch=2",
+        "optimizer_steps_per_epoch=2",
+        "rollout.num_steps=4",
+        "rollout.window_size=2",
+        "eval_every=0",
+        "save_every=1",
+        "seed=3",
+        "objective.clip_range=0.01",
+    ]
+    .map(String::from)
+    .into();
+    toy::train_config().with_sources(None, &sets).unwrap()
+}
+
+fn trainer(config: TrainConfig, out: &Path) -> Trainer<TrainBackend, ToyPipeline<B>> {
+    toy::trainer(config, Box::new(ToyAlignment), out, &Default::default()).unwrap()
+}
+
+/// The adapters and EMA of the run's checkpoint after `epoch`.
+fn adapters(out: &Path, epoch: usize) -> Vec<(String, Vec<f32>)> {
+    let dir = out.join(format!("checkpoints/epoch-{epoch:05}"));
+    let c = checkpoint::load::<B>(&dir, &Default::default()).unwrap();
+    c.lora
+        .into_iter()
+        .chain(c.ema)
+        .map(|(n, t)| (n, t.into_data().to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+fn two_replicas(out: &Path) -> tpgrpo::Result<Vec<EpochMetrics>> {
+    let out = out.to_path_buf();
+    parallel::train::<TrainBackend, _, _, _>(
+        vec![Default::default(); 2],
+        None,
+        move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
+        |_| {},
+    )
+}
+
+/// Max |x - y| of each tensor of two adapter sets (same names in the same order).
+fn max_diffs(x: &[(String, Vec<f32>)], y: &[(String, Vec<f32>)]) -> Vec<(String, f32)> {
+    assert_eq!(x.len(), y.len());
+    x.iter()
+        .zip(y)
+        .map(|((name, p), (other, q))| {
+            assert_eq!(name, other);
+            (name.clone(), p.iter().zip(q).map(|(u, v)| (u - v).abs()).fold(0.0, f32::max))
+        })
+        .collect()
+}
+
+/// Two replicas equal one device: the first epoch's samples, rewards and credit bit for bit
+/// (the replicas draw the single device's rollout chunks and gather the rewards exactly);
+/// the adapters after 2 epochs up to float summation order.
+///
+/// The tolerance: an optimizer step's gradient is the same sum of per-sample gradients in
+/// another grouping (other micro-batches, some of one sample, then the all-reduce), so it
+/// differs by f32 roundings. AdamW's step `lr m / (sqrt(v) + eps)` turns small roundings into
+/// large differences where a gradient is near `eps` (the LoRA A factors' gradients are
+/// proportional to B, which is ~`lr` after one step), so the scale of "summation order" is
+/// measured rather than guessed: the single-device run regrouped (micro-batches of 1 instead
+/// of 2, nothing else changed). Two replicas must stay within 4 times that difference. An
+/// error in the data-parallel run itself (a skipped or doubled sample, a replica stepping on
+/// its own gradient) changes gradients by their own size, like the policy's own training:
+/// the test checks that one epoch moves the adapters by more than 10 times the bound.
+#[test]
+fn two_replicas_train_like_one_device() {
+    let _turn = turn();
+    let single = common::scratch("dp-single");
+    let one = trainer(config(), &single).train(|_| {}).unwrap();
+    let regrouped = common::scratch("dp-regrouped");
+    trainer(config().with_train_batch(1), &regrouped).train(|_| {}).unwrap();
+    let double = common::scratch("dp-double");
+    let two = two_replicas(&double).unwrap();
+    assert_eq!(one.len(), 2);
+    assert_eq!(two.len(), 2);
+    let (a, b) = (&one[0], &two[0]);
+    assert_eq!(a.reward_mean, b.reward_mean);
+    assert_eq!(a.reward_std, b.reward_std);
+    assert_eq!(a.credit, b.credit);
+    assert_eq!(a.nfe_per_sample, b.nfe_per_sample);
+    assert_eq!(a.reward_terms, b.reward_terms);
+    assert_eq!(a.optimizer_steps, b.optimizer_steps);
+    assert!(a.optimizer_steps > 0, "the first epoch had no reward signal: {a:?}");
+    assert!((a.grad_norm - b.grad_norm).abs() <= 1e-5 * a.grad_norm, "{a:?}\n{b:?}");
+    assert_eq!(one[1].optimizer_steps, two[1].optimizer_steps);
+    let largest = |d: Vec<(String, f32)>| d.into_iter().map(|(_, d)| d).fold(0.0, f32::max);
+    let order = largest(max_diffs(&adapters(&single, 2), &adapters(&regrouped, 2)));
+    let tolerance = 4.0 * order;
+    let differing: Vec<_> = max_diffs(&adapters(&single, 2), &adapters(&double, 2))
+        .into_iter()
+        .filter(|(_, d)| *d > tolerance)
+        .collect();
+    assert!(differing.is_empty(), "max |diff| by tensor above {tolerance}: {differing:?}");
+    let moved = largest(max_diffs(&adapters(&single, 1), &adapters(&single, 2)));
+    assert!(moved > 10.0 * tolerance, "one epoch moved the adapters by {moved}, bound {tolerance}");
+    // Only the lead replica writes: one metrics file with one line per epoch.
+    let lines = tpgrpo::train::metrics::read_metrics(&double.join("metrics.jsonl")).unwrap();
+    assert_eq!(lines.len(), 2);
+}
+
+/// Every replica's values, bit for bit, whatever they are.
+#[test]
+fn all_gather_is_exact() {
+    let _turn = turn();
+    let values = |rank: usize| -> Vec<f64> {
+        let odd = [f64::MIN_POSITIVE / 3.0, -0.0, f64::MAX, 1.0 + f64::EPSILON, f64::NAN, -1e-300];
+        odd.iter().take(rank + 2).map(|v| v * (rank + 1) as f64).collect()
+    };
+    let config = burn::collective::CollectiveConfig::default().with_num_devices(3);
+    let handles: Vec<_> = (0..3)
+        .map(|rank| {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let r = Replica { rank, size: 3 };
+                let device = Default::default();
+                r.register::<B>(&device, config).unwrap();
+                let all = r.all_gather::<B>(&values(rank), &device).unwrap();
+                r.finish::<B>().unwrap();
+                all
+            })
+        })
+        .collect();
+    for h in handles {
+        let all = h.join().unwrap();
+        for (rank, got) in all.iter().enumerate() {
+            let want: Vec<u64> = values(rank).iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        }
+    }
+}
+
+/// The shares of any number of replicas tile the samples in order, within one of each other.
+#[test]
+fn shares_tile_the_samples() {
+    for size in 1..7 {
+        for total in size..40 {
+            let shares: Vec<_> =
+                (0..size).map(|rank| Replica { rank, size }.share(total)).collect();
+            assert_eq!(shares[0].start, 0);
+            assert_eq!(shares[size - 1].end, total);
+            for w in shares.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            let lens: Vec<usize> = shares.iter().map(|s| s.len()).collect();
+            assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1, "{lens:?}");
+        }
+    }
+}
+
+/// A reward that fails, as a broken reward server would.
+struct Broken;
+
+impl Reward for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    fn score(&self, _: &[tpgrpo::image::Image], _: &[Prompt]) -> tpgrpo::Result<Vec<f64>> {
+        Err(tpgrpo::Error::config("reward", "the broken test reward"))
+    }
+}
+
+/// Replica 1's reward fails during the first rollouts while replica 0 goes on to the reward
+/// gather: the run stops with replica 1's error instead of waiting for it forever.
+#[test]
+fn a_failing_replica_stops_the_run() {
+    let _turn = turn();
+    let out = common::scratch("dp-failing");
+    let started = Instant::now();
+    let dir = out.clone();
+    let err = parallel::train::<TrainBackend, _, _, _>(
+        vec![Default::default(); 2],
+        None,
+        move |replica, device| {
+            let reward: Box<dyn Reward> =
+                if replica.rank == 1 { Box::new(Broken) } else { Box::new(ToyAlignment) };
+            toy::trainer(config(), reward, &dir, device)
+        },
+        |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("the broken test reward"), "{err}");
+    assert!(started.elapsed() < parallel::STOP_WAIT + Duration::from_secs(60), "took too long");
+    // The collective works again for the next run.
+    let next = common::scratch("dp-after-failure");
+    assert_eq!(two_replicas(&next).unwrap().len(), 2);
+}
