@@ -19,6 +19,7 @@ use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::prompts::PromptSet;
 use tpgrpo::reward::{load_rewards, Report, Reward};
 use tpgrpo::toy::{self, ToyChecks};
+use tpgrpo::train::parallel;
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
 
 /// Command-line options.
@@ -58,6 +59,10 @@ struct Args {
     /// Image side in pixels with `--model` (Flow-GRPO trains SD3.5 at 512).
     #[arg(long, default_value_t = 512)]
     resolution: usize,
+    /// Devices to train on, one data-parallel replica each (the `devices` setting; the CPU
+    /// backend runs that many replicas on its one device).
+    #[arg(long)]
+    devices: Option<usize>,
 }
 
 fn main() {
@@ -68,8 +73,24 @@ fn main() {
 }
 
 /// The `--reward` values as one reward on `device`.
-fn rewards(args: &Args, device: &backend::Device) -> tpgrpo::Result<Box<dyn Reward>> {
-    load_rewards::<Backend>(&args.rewards, device, &toy::reward)
+fn rewards(specs: &[String], device: &backend::Device) -> tpgrpo::Result<Box<dyn Reward>> {
+    load_rewards::<Backend>(specs, device, &toy::reward)
+}
+
+/// A replica's trainer ready to run: the memory check, then the resume when asked.
+fn prepared<P: tpgrpo::sampler::TextToImage<Backend>>(
+    mut trainer: Trainer<TrainBackend, P>,
+    resume: bool,
+    device: &backend::Device,
+) -> tpgrpo::Result<Trainer<TrainBackend, P>> {
+    trainer.check_memory(backend::memory(device))?;
+    if resume {
+        trainer.resume()?;
+        if trainer.replica.is_lead() {
+            println!("resumed after epoch {}", trainer.epoch);
+        }
+    }
+    Ok(trainer)
 }
 
 /// The report's rates as `name value` pairs.
@@ -123,7 +144,9 @@ fn start(args: &Args) -> run_dir::Start {
 fn run(args: Args) -> tpgrpo::Result<()> {
     let device = backend::init()?;
     let objective = format!("objective.objective={}", args.objective);
-    let sets: Vec<String> = std::iter::once(objective).chain(args.sets.iter().cloned()).collect();
+    let mut sets: Vec<String> =
+        std::iter::once(objective).chain(args.sets.iter().cloned()).collect();
+    sets.extend(args.devices.map(|n| format!("devices={n}")));
     if let Some(dir) = &args.model {
         return train_diffusers(dir, &args, &sets, &device);
     }
@@ -132,26 +155,32 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/toy-{objective}")));
     run_dir::claim(&out, start(&args))?;
     println!(
-        "tpgrpo train_sd3: embedded toy task, {} with {} on {} ({}), {} epochs of {} prompts x \
-         {}, output {}",
+        "tpgrpo train_sd3: embedded toy task, {} with {} on {} ({}) x {}, {} epochs of {} \
+         prompts x {}, output {}",
         objective,
         args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(&device)?),
+        config.devices,
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
         out.display()
     );
-    let reward = rewards(&args, &device)?;
-    let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
-    trainer.check_memory(backend::memory(&device))?;
-    if args.resume {
-        trainer.resume()?;
-        println!("resumed after epoch {}", trainer.epoch);
-    }
-    let history = trainer.train(print_epoch)?;
-    report(&history, &trainer.config, &out);
+    let devices = backend::devices(config.devices)?;
+    let (specs, resume, dir) = (args.rewards.clone(), args.resume, out.clone());
+    let settings = config.clone();
+    let history = parallel::train::<TrainBackend, _, _, _>(
+        devices,
+        None,
+        move |_, device| {
+            let reward = rewards(&specs, device)?;
+            let trainer = toy::trainer::<TrainBackend>(settings.clone(), reward, &dir, device)?;
+            prepared(trainer, resume, device)
+        },
+        print_epoch,
+    )?;
+    report(&history, &config, &out);
     Ok(())
 }
 
@@ -193,34 +222,24 @@ fn train_diffusers(
         PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
     });
     run_dir::claim(&out, start(args))?;
-    // Prompts and rewards first: a wrong path fails before the transformer is read.
-    let (train_prompts, eval_prompts, report_checks) = match &args.prompts {
+    // Prompts first, and each replica loads its rewards before the transformer: a wrong path
+    // fails before the transformer is read.
+    let (train_prompts, eval_prompts, checks) = match &args.prompts {
         Some(p) => {
             let set = PromptSet::load(p)?;
-            (set.train, set.test, None)
+            (set.train, set.test, false)
         }
-        None => {
-            let checks: Box<dyn Report> = Box::new(ToyChecks);
-            (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), Some(checks))
-        }
+        None => (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), true),
     };
-    let reward = rewards(args, device)?;
-    let transformer = MMDiT::<TrainBackend>::load(dir, device)?;
-    let (c, r) = (transformer.config.in_channels, args.resolution);
-    let [h, w] = image_to_latent_size(&transformer.config, 8, [r, r]).map_err(|e| match e {
-        tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
-        other => other,
-    })?;
-    let latent = [c, h, w];
-    let conditioner = Sd3Conditioner::<Backend>::load(dir, DEFAULT_T5_LENGTH, latent, device)?;
     println!(
-        "tpgrpo train_sd3: {} with {} and {} on {} ({}), {} epochs of {} prompts x {} at {}px, \
-         {} training prompts ({}), output {}",
+        "tpgrpo train_sd3: {} with {} and {} on {} ({}) x {}, {} epochs of {} prompts x {} at \
+         {}px, {} training prompts ({}), output {}",
         dir.display(),
         config.objective.objective.name(),
         args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(device)?),
+        config.devices,
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
@@ -229,15 +248,38 @@ fn train_diffusers(
         args.prompts.as_ref().map_or("the toy task's".into(), |p| p.display().to_string()),
         out.display()
     );
-    let task =
-        Task { pipeline: conditioner, reward, train_prompts, eval_prompts, report: report_checks };
-    let mut trainer = Trainer::new(config, transformer, task, &out)?;
-    trainer.check_memory(backend::memory(device))?;
-    if args.resume {
-        trainer.resume()?;
-        println!("resumed after epoch {}", trainer.epoch);
-    }
-    let history = trainer.train(print_epoch)?;
-    report(&history, &trainer.config, &out);
+    let devices = backend::devices(config.devices)?;
+    let (specs, resume, model, folder, side) =
+        (args.rewards.clone(), args.resume, dir.to_path_buf(), out.clone(), args.resolution);
+    let settings = config.clone();
+    let history = parallel::train::<TrainBackend, _, _, _>(
+        devices,
+        None,
+        move |_, device| {
+            let reward = rewards(&specs, device)?;
+            let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
+            let config = &transformer.config;
+            let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {
+                tpgrpo::Error::Config { message, .. } => {
+                    tpgrpo::Error::config("resolution", message)
+                }
+                other => other,
+            })?;
+            let latent = [config.in_channels, h, w];
+            let pipeline =
+                Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
+            let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
+            let task = Task {
+                pipeline,
+                reward,
+                train_prompts: train_prompts.clone(),
+                eval_prompts: eval_prompts.clone(),
+                report,
+            };
+            prepared(Trainer::new(settings.clone(), transformer, task, &folder)?, resume, device)
+        },
+        print_epoch,
+    )?;
+    report(&history, &config, &out);
     Ok(())
 }

@@ -104,6 +104,28 @@ pub fn device() -> Device {
     Device::default()
 }
 
+/// The first `n` devices of the selected backend, for a data-parallel run; on the CPU `n`
+/// replicas of the one CPU device, sharing its cores. Errors name `devices` when the backend
+/// has fewer.
+pub fn devices(n: usize) -> crate::Result<Vec<Device>> {
+    use burn::tensor::backend::{Device as _, DeviceId};
+    let first = device();
+    if !cfg!(any(feature = "cuda", feature = "wgpu")) {
+        return Ok(vec![first; n]);
+    }
+    let id = first.to_id();
+    let count = <Backend as burn::tensor::backend::Backend>::device_count(id.type_id);
+    if n > count {
+        return Err(crate::Error::config(
+            "devices",
+            format!("{n} devices asked for, {count} available to {NAME}"),
+        ));
+    }
+    Ok((0..n as u16)
+        .map(|i| Device::from_id(DeviceId { type_id: id.type_id, index_id: i }))
+        .collect())
+}
+
 /// What binaries call first: the kernel caches in [`cache_dir`] ([`use_kernel_cache`]), then
 /// the default device.
 pub fn init() -> crate::Result<Device> {

@@ -5,8 +5,11 @@
 //! device), the rewards are gathered so that credit sees whole groups, the gradients of an
 //! optimizer step are summed over the replicas before clipping and AdamW, and every replica
 //! takes the same step. Replica 0 evaluates and writes metrics, samples and checkpoints.
-//! Across nodes the same runs through the collective's global mode: one process per node and
-//! an orchestrator ([`Nodes`]).
+//! Across nodes the same is meant to run through the collective's global mode (one process
+//! per node and an orchestrator, [`Nodes`]); that does not work yet: two processes on
+//! 127.0.0.1 register with the orchestrator, then wait forever in their first global
+//! all-reduce (burn-collective 0.21, ring and centralized strategies alike), so no command
+//! line offers it (issue 22).
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -25,8 +28,8 @@ use crate::sampler::TextToImage;
 pub const STOP_WAIT: Duration = Duration::from_secs(30);
 
 /// The nodes of a multi-node run (the collective's global mode): this process is node `rank`
-/// of `count`, reachable at `address`, serving tensors on `data_port`; `orchestrator` is the
-/// address of the run's orchestrator (`tpgrpo orchestrator`), all as `ws://host:port`.
+/// of `count`; the other nodes fetch its tensors at `address`, whose port this node serves;
+/// `orchestrator` is the run's orchestrator ([`orchestrate`]). Addresses are `ws://host:port`.
 #[derive(Debug, Clone)]
 pub struct Nodes {
     /// Nodes of the run.
@@ -37,25 +40,44 @@ pub struct Nodes {
     pub orchestrator: String,
     /// This node, `ws://host:port`, as the other nodes reach it.
     pub address: String,
-    /// Port of this node's tensor data service.
-    pub data_port: u16,
+}
+
+/// The port of a `ws://host:port` address, or an error naming `field`.
+fn port(field: &str, address: &str) -> Result<u16> {
+    let bad = || Error::config(field, format!("{address:?} is not a ws://host:port address"));
+    let rest = address.strip_prefix("ws://").ok_or_else(bad)?;
+    let (host, port) = rest.trim_end_matches('/').rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    port.parse().map_err(|_| bad())
 }
 
 /// The collective settings of a run with `devices` devices in this process.
 fn collective_config(devices: usize, nodes: Option<&Nodes>) -> Result<CollectiveConfig> {
     let config = CollectiveConfig::default().with_num_devices(devices);
     let Some(n) = nodes else { return Ok(config) };
-    let parse = |field: &str, s: &str| {
-        if !s.starts_with("ws://") {
-            return Err(Error::config(field, format!("{s:?} is not a ws://host:port address")));
-        }
-        s.parse().map_err(|e: String| Error::config(field, e))
-    };
+    port("orchestrator", &n.orchestrator)?;
+    let data_port = port("node address", &n.address)?;
+    let parse = |field: &str, s: &str| s.parse().map_err(|e: String| Error::config(field, e));
     Ok(config
         .with_num_nodes(n.count as u32)
         .with_global_address(parse("orchestrator", &n.orchestrator)?)
         .with_node_address(parse("node address", &n.address)?)
-        .with_data_service_port(n.data_port))
+        .with_data_service_port(data_port)
+        .with_global_all_reduce_strategy(burn::collective::AllReduceStrategy::Centralized))
+}
+
+/// Runs the orchestrator of a multi-node run on `port` until the process is interrupted: the
+/// nodes register with it and learn each other's addresses (see the module's note: the
+/// global mode does not work yet).
+pub fn orchestrate(port: u16) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::config("orchestrator", format!("cannot start its runtime: {e}")))?;
+    runtime.block_on(burn_collective::start_global_orchestrator(port));
+    Ok(())
 }
 
 /// Trains one replica per device of `devices` (this node's; see [`Nodes`] for several) and
