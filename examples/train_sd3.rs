@@ -9,7 +9,7 @@
 //! task's prompts and reward; `--features cuda` selects the GPU backend; `--objective
 //! flow-grpo` the baseline.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
@@ -18,6 +18,7 @@ use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::prompts::PromptSet;
 use tpgrpo::reward::{load_rewards, Report, Reward};
+use tpgrpo::sampler::TextToImage;
 use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::parallel;
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
@@ -77,20 +78,50 @@ fn rewards(specs: &[String], device: &backend::Device) -> tpgrpo::Result<Box<dyn
     load_rewards::<Backend>(specs, device, &toy::reward)
 }
 
-/// A replica's trainer ready to run: the memory check, then the resume when asked.
-fn prepared<P: tpgrpo::sampler::TextToImage<Backend>>(
-    mut trainer: Trainer<TrainBackend, P>,
-    resume: bool,
-    device: &backend::Device,
-) -> tpgrpo::Result<Trainer<TrainBackend, P>> {
-    trainer.check_memory(backend::memory(device))?;
-    if resume {
-        trainer.resume()?;
-        if trainer.replica.is_lead() {
-            println!("resumed after epoch {}", trainer.epoch);
-        }
-    }
-    Ok(trainer)
+/// Trains one replica per device of the `devices` setting (`docs/training.md`) and returns
+/// the run's metrics; `trainer` builds a replica's trainer from the settings, its reward (the
+/// `--reward` values, loaded on its device first so that a wrong path fails early), the output
+/// folder and its device. Each replica then checks its memory and, with `--resume`, resumes
+/// as itself (only the lead rewrites the metrics).
+fn train_replicas<P, F>(
+    config: &TrainConfig,
+    args: &Args,
+    out: &Path,
+    trainer: F,
+) -> tpgrpo::Result<Vec<EpochMetrics>>
+where
+    P: TextToImage<Backend> + 'static,
+    F: Fn(
+            TrainConfig,
+            Box<dyn Reward>,
+            &Path,
+            &backend::Device,
+        ) -> tpgrpo::Result<Trainer<TrainBackend, P>>
+        + Send
+        + Sync
+        + 'static,
+{
+    let devices = backend::devices(config.devices)?;
+    let (settings, specs, resume, out) =
+        (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
+    parallel::train::<TrainBackend, _, _, _>(
+        devices,
+        None,
+        move |replica, device| {
+            let reward = rewards(&specs, device)?;
+            let mut trainer =
+                trainer(settings.clone(), reward, &out, device)?.with_replica(replica);
+            trainer.check_memory(backend::memory(device))?;
+            if resume {
+                trainer.resume()?;
+                if replica.is_lead() {
+                    println!("resumed after epoch {}", trainer.epoch);
+                }
+            }
+            Ok(trainer)
+        },
+        print_epoch,
+    )
 }
 
 /// The report's rates as `name value` pairs.
@@ -167,19 +198,9 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         config.group_size,
         out.display()
     );
-    let devices = backend::devices(config.devices)?;
-    let (specs, resume, dir) = (args.rewards.clone(), args.resume, out.clone());
-    let settings = config.clone();
-    let history = parallel::train::<TrainBackend, _, _, _>(
-        devices,
-        None,
-        move |_, device| {
-            let reward = rewards(&specs, device)?;
-            let trainer = toy::trainer::<TrainBackend>(settings.clone(), reward, &dir, device)?;
-            prepared(trainer, resume, device)
-        },
-        print_epoch,
-    )?;
+    let history = train_replicas(&config, &args, &out, |settings, reward, out, device| {
+        toy::trainer::<TrainBackend>(settings, reward, out, device)
+    })?;
     report(&history, &config, &out);
     Ok(())
 }
@@ -248,38 +269,21 @@ fn train_diffusers(
         args.prompts.as_ref().map_or("the toy task's".into(), |p| p.display().to_string()),
         out.display()
     );
-    let devices = backend::devices(config.devices)?;
-    let (specs, resume, model, folder, side) =
-        (args.rewards.clone(), args.resume, dir.to_path_buf(), out.clone(), args.resolution);
-    let settings = config.clone();
-    let history = parallel::train::<TrainBackend, _, _, _>(
-        devices,
-        None,
-        move |_, device| {
-            let reward = rewards(&specs, device)?;
-            let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
-            let config = &transformer.config;
-            let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {
-                tpgrpo::Error::Config { message, .. } => {
-                    tpgrpo::Error::config("resolution", message)
-                }
-                other => other,
-            })?;
-            let latent = [config.in_channels, h, w];
-            let pipeline =
-                Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
-            let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
-            let task = Task {
-                pipeline,
-                reward,
-                train_prompts: train_prompts.clone(),
-                eval_prompts: eval_prompts.clone(),
-                report,
-            };
-            prepared(Trainer::new(settings.clone(), transformer, task, &folder)?, resume, device)
-        },
-        print_epoch,
-    )?;
+    let (model, side) = (dir.to_path_buf(), args.resolution);
+    let history = train_replicas(&config, args, &out, move |settings, reward, out, device| {
+        let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
+        let config = &transformer.config;
+        let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {
+            tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
+            other => other,
+        })?;
+        let latent = [config.in_channels, h, w];
+        let pipeline = Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
+        let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
+        let (train_prompts, eval_prompts) = (train_prompts.clone(), eval_prompts.clone());
+        let task = Task { pipeline, reward, train_prompts, eval_prompts, report };
+        Trainer::new(settings, transformer, task, out)
+    })?;
     report(&history, &config, &out);
     Ok(())
 }

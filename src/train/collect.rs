@@ -47,9 +47,6 @@ impl<B: Backend> Batch<B> {
     /// sees whole groups exactly as on a single device (the shares tile the samples in rank
     /// order); the states stay with the replica that drew them.
     pub fn gather(&mut self, replica: &Replica, device: &B::Device) -> Result<()> {
-        if replica.size == 1 {
-            return Ok(());
-        }
         let rewards = match &self.rewards {
             RewardRows::Finals(f) => {
                 RewardRows::Finals(replica.all_gather::<B>(f, device)?.concat())

@@ -6,9 +6,10 @@
 //! optimizer step are summed over the replicas before clipping and AdamW, and every replica
 //! takes the same step. Replica 0 evaluates and writes metrics, samples and checkpoints.
 //! Across nodes the same is meant to run through the collective's global mode (one process
-//! per node and an orchestrator, [`Nodes`]); that does not work yet: two processes on
-//! 127.0.0.1 register with the orchestrator, then wait forever in their first global
-//! all-reduce (burn-collective 0.21, ring and centralized strategies alike), so no command
+//! per node and an orchestrator, [`Nodes`]); that does not work yet: in burn-collective 0.21
+//! a node's sync after each global all-reduce (`SyncService::sync`) clears a copy of its list
+//! of synced peers, not the list, so every global all-reduce after the first waits forever
+//! (seen with two processes on 127.0.0.1, ring and centralized strategies alike). No command
 //! line offers it (issue 22).
 
 use std::sync::mpsc;
@@ -64,8 +65,7 @@ fn collective_config(devices: usize, nodes: Option<&Nodes>) -> Result<Collective
         .with_num_nodes(n.count as u32)
         .with_global_address(parse("orchestrator", &n.orchestrator)?)
         .with_node_address(parse("node address", &n.address)?)
-        .with_data_service_port(data_port)
-        .with_global_all_reduce_strategy(burn::collective::AllReduceStrategy::Centralized))
+        .with_data_service_port(data_port))
 }
 
 /// Runs the orchestrator of a multi-node run on `port` until the process is interrupted: the
@@ -85,7 +85,8 @@ pub fn orchestrate(port: u16) -> Result<()> {
 ///
 /// `build` makes the trainer of a replica on its device (it is called on the replica's
 /// thread, after the replica has joined the collective, so a failing build stops the run like
-/// any failure); `on_epoch` sees the lead replica's metrics lines. The first replica error
+/// any failure; a build that resumes sets the replica first, [`Trainer::with_replica`], so
+/// that only the lead rewrites the metrics); `on_epoch` sees the lead replica's metrics lines. The first replica error
 /// stops the run: the collective is reset, so replicas waiting in it fail at once, and the
 /// others get [`STOP_WAIT`] to stop before the error is returned.
 pub fn train<B, P, F, E>(

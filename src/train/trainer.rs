@@ -284,9 +284,6 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         local: &[LossStats],
         device: &burn::tensor::Device<B::InnerBackend>,
     ) -> Result<Vec<LossStats>> {
-        if self.replica.size == 1 {
-            return Ok(local.to_vec());
-        }
         let flat: Vec<f64> = local
             .iter()
             .flat_map(|s| {
