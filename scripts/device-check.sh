@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU device check (docs/gpu.md): `tpgrpo doctor`, the MMDiT bench at SD3.5-medium size
 # (batch 2 in f32 and bf16, batch 8 in bf16), PyTorch on the same shapes when diffusers and peft
-# import, and 3 toy epochs; each step under its own timeout (570 s in all, a few minutes when
+# import, 3 toy epochs, and with two or more GPUs the gradient all-reduce at SD3.5-medium LoRA
+# size and 2 toy epochs on two replicas; each step under its own timeout (570 s in all, a few minutes when
 # nothing stalls), printing as it goes, then one table.
 #
-#   scripts/device-check.sh [BIN_DIR]   (default gpu-carry/: tpgrpo, train_sd3, mmdit, .xz ok)
+#   scripts/device-check.sh [BIN_DIR]   (default gpu-carry/: tpgrpo, train_sd3, mmdit and
+#                                        all_reduce (its bench binary), .xz ok)
 #
 # Run from the repository root (models/toy is read from there). Logs go to $OUT or ./device-logs.
 set -u
@@ -12,7 +14,7 @@ bin=${1:-gpu-carry}
 out=${OUT:-device-logs}
 mkdir -p "$out"
 for f in "$bin"/*.xz; do [ -e "$f" ] && xz -dkf "$f"; done
-chmod +x "$bin"/tpgrpo "$bin"/train_sd3 "$bin"/mmdit 2>/dev/null
+chmod +x "$bin"/tpgrpo "$bin"/train_sd3 "$bin"/mmdit "$bin"/all_reduce 2>/dev/null
 export TPGRPO_CACHE_DIR="$out/cache"
 
 peak_mib() { # the largest memory.used sample of the running step
@@ -53,8 +55,17 @@ else
   echo "== torch: diffusers/peft not importable; PyTorch rows skipped (carry their wheels)"
 fi
 step toy-3-epochs 90 "$bin"/train_sd3 --set epochs=3 --set eval_every=3 --out "$out/toy"
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  BENCH_ITERS=5 step all-reduce-sd35m-lora 60 "$bin"/all_reduce 2
+  step toy-2-epochs-2-gpus 90 "$bin"/train_sd3 --devices 2 --set epochs=2 --set eval_every=2 \
+    --out "$out/toy-2"
+else
+  echo "== data-parallel steps skipped: $gpus GPU(s)"
+fi
 
 echo
 echo "== device check $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 printf '%s\n' "${rows[@]}"
-grep -h -E "^(toy forward|LoRA forward|toy epoch)|first .* median|^epoch|held-out" "$out"/*.log
+grep -h -E "^(toy forward|LoRA forward|toy epoch)|first .* median|^epoch|held-out|all-reduce" \
+  "$out"/*.log
