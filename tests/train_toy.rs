@@ -119,6 +119,17 @@ fn tp_grpo_runs_and_resumes_identically() {
     }
     assert!(image::open(straight.join("samples/epoch-00000.png")).is_ok());
 
+    // A checkpoint written before a setting existed loads with that setting's default.
+    let dir = split.join("checkpoints/epoch-00004");
+    let state = dir.join("trainer_state.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    json["config"].as_object_mut().unwrap().remove("devices").expect("devices is saved");
+    std::fs::write(&state, json.to_string()).unwrap();
+    let old = tpgrpo::train::checkpoint::load::<B>(&dir, &Default::default()).unwrap();
+    assert_eq!(old.state.config.devices, 1);
+    assert_eq!(old.state.config.group_size, 3, "the saved settings are kept");
+
     // Resuming with other settings is refused and names the setting.
     let mut c = trainer(config(4, "flow-grpo"), &split);
     let err = c.resume().unwrap_err().to_string();
