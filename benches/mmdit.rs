@@ -22,43 +22,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::model::precision::{cast_params, dtype_name};
-use tpgrpo::model::{LoraConfig, MMDiT, MMDiTConfig, Precision};
+use tpgrpo::model::{LoraConfig, MMDiT, Precision};
 
 mod common;
-use common::bench_config;
-
-/// A configuration and its input shapes: latent `[C, H, W]`, text tokens and width, pooled width.
-struct Size {
-    config: MMDiTConfig,
-    latent: [usize; 3],
-    text: [usize; 2],
-    pooled: usize,
-}
-
-fn size(name: &str) -> Size {
-    match name {
-        "sd35-medium" => Size {
-            config: MMDiTConfig::new()
-                .with_sample_size(128)
-                .with_num_layers(24)
-                .with_num_attention_heads(24)
-                .with_attention_head_dim(64)
-                .with_joint_attention_dim(4096)
-                .with_caption_projection_dim(1536)
-                .with_pooled_projection_dim(2048)
-                .with_pos_embed_max_size(384)
-                .with_dual_attention_layers((0..=12).collect())
-                .with_qk_norm(Some("rms_norm".into())),
-            latent: [16, 64, 64],
-            text: [333, 4096],
-            pooled: 2048,
-        },
-        "preset" => {
-            Size { config: bench_config(), latent: [16, 32, 32], text: [64, 256], pooled: 128 }
-        }
-        other => panic!("unknown size {other:?} (known: preset, sd35-medium)"),
-    }
-}
+use common::{size, Size};
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU device check (docs/gpu.md): `tpgrpo doctor`, the MMDiT bench at SD3.5-medium size
 # (batch 2 in f32 and bf16, batch 8 in bf16), PyTorch on the same shapes when diffusers and peft
-# import, 3 toy epochs, and with two or more GPUs the gradient all-reduce at SD3.5-medium LoRA
-# size and 2 toy epochs on two replicas; each step under its own timeout (570 s in all, a few minutes when
+# import, two TP-GRPO epochs at SD3.5-medium size in bf16 (time per phase), 3 toy epochs, and
+# with two or more GPUs the gradient all-reduce at SD3.5-medium LoRA size and 2 toy epochs on
+# two replicas; each step under its own timeout (580 s in all on one GPU, a few minutes when
 # nothing stalls), printing as it goes, then one table.
 #
-#   scripts/device-check.sh [BIN_DIR]   (default gpu-carry/: tpgrpo, train_sd3, mmdit and
-#                                        all_reduce (its bench binary), .xz ok)
+#   scripts/device-check.sh [BIN_DIR]   (default gpu-carry/: tpgrpo, train_sd3, and the bench
+#                                        binaries mmdit, epoch and all_reduce; .xz ok)
 #
 # Run from the repository root (models/toy is read from there). Logs go to $OUT or ./device-logs.
 set -u
@@ -14,7 +15,7 @@ bin=${1:-gpu-carry}
 out=${OUT:-device-logs}
 mkdir -p "$out"
 for f in "$bin"/*.xz; do [ -e "$f" ] && xz -dkf "$f"; done
-chmod +x "$bin"/tpgrpo "$bin"/train_sd3 "$bin"/mmdit "$bin"/all_reduce 2>/dev/null
+chmod +x "$bin"/tpgrpo "$bin"/train_sd3 "$bin"/mmdit "$bin"/epoch "$bin"/all_reduce 2>/dev/null
 export TPGRPO_CACHE_DIR="$out/cache"
 
 peak_mib() { # the largest memory.used sample of the running step
@@ -42,9 +43,9 @@ step() { # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-step doctor 90 "$bin"/tpgrpo doctor --stall-secs 15
-BENCH_ITERS=5 step mmdit-sd35m-b2-f32 110 "$bin"/mmdit sd35-medium 2 f32
-BENCH_ITERS=5 step mmdit-sd35m-b2-bf16 110 "$bin"/mmdit sd35-medium 2 bf16
+step doctor 75 "$bin"/tpgrpo doctor --stall-secs 15
+BENCH_ITERS=5 step mmdit-sd35m-b2-f32 90 "$bin"/mmdit sd35-medium 2 f32
+BENCH_ITERS=5 step mmdit-sd35m-b2-bf16 90 "$bin"/mmdit sd35-medium 2 bf16
 BENCH_ITERS=3 step mmdit-sd35m-b8-bf16 80 "$bin"/mmdit sd35-medium 8 bf16
 if python3 -c "import diffusers, peft" 2>/dev/null; then
   for dtype in bf16 tf32; do
@@ -54,7 +55,8 @@ if python3 -c "import diffusers, peft" 2>/dev/null; then
 else
   echo "== torch: diffusers/peft not importable; PyTorch rows skipped (carry their wheels)"
 fi
-step toy-3-epochs 90 "$bin"/train_sd3 --set epochs=3 --set eval_every=3 --out "$out/toy"
+step epoch-sd35m-bf16 80 "$bin"/epoch sd35-medium 8 bf16
+step toy-3-epochs 75 "$bin"/train_sd3 --set epochs=3 --set eval_every=3 --out "$out/toy"
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$gpus" -ge 2 ]; then
   BENCH_ITERS=5 step all-reduce-sd35m-lora 60 "$bin"/all_reduce 2
@@ -67,5 +69,5 @@ fi
 echo
 echo "== device check $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 printf '%s\n' "${rows[@]}"
-grep -h -E "^(toy forward|LoRA forward|toy epoch)|first .* median|^epoch|held-out|all-reduce" \
+grep -h -E "^(toy forward|LoRA forward|toy epoch)|first .* median|^epoch|^ +[12] |held-out|all-reduce" \
   "$out"/*.log

@@ -51,6 +51,13 @@ pub enum Error {
         /// What happened.
         message: String,
     },
+    /// The device reported an error while running queued work (`what`: the phase waited on).
+    Device {
+        /// What was being waited on.
+        what: String,
+        /// The backend's message.
+        message: String,
+    },
     /// A tensor argument has the wrong shape.
     Shape {
         /// The argument.
@@ -118,6 +125,7 @@ impl fmt::Display for Error {
                  optimizer.lr; check the weights and inputs); stopped before writing them"
             ),
             Error::Replica { rank, message } => write!(f, "replica {rank}: {message}"),
+            Error::Device { what, message } => write!(f, "device error during {what}: {message}"),
             Error::Shape { name, expected, found } => {
                 write!(f, "`{name}` has shape {found:?}, expected {expected}")
             }

@@ -45,7 +45,12 @@ fn factors(t: &Trainer<TrainBackend, ToyPipeline<B>>) -> Vec<(String, Vec<f32>)>
 }
 
 fn without_time(lines: &[EpochMetrics]) -> Vec<EpochMetrics> {
-    lines.iter().map(|m| EpochMetrics { seconds: 0.0, ..m.clone() }).collect()
+    let untimed = |m: &EpochMetrics| EpochMetrics {
+        seconds: 0.0,
+        phase_seconds: Default::default(),
+        ..m.clone()
+    };
+    lines.iter().map(untimed).collect()
 }
 
 #[test]

@@ -1,4 +1,7 @@
-//! The benchmark preset shared by the benches.
+//! The benchmark sizes shared by the benches.
+
+// Each bench uses a part of this module.
+#![allow(dead_code)]
 
 use tpgrpo::model::MMDiTConfig;
 
@@ -16,4 +19,44 @@ pub fn bench_config() -> MMDiTConfig {
         .with_pos_embed_max_size(32)
         .with_dual_attention_layers(vec![0, 1])
         .with_qk_norm(Some("rms_norm".into()))
+}
+
+/// A benchmark size: an MMDiT configuration and its input shapes.
+pub struct Size {
+    /// The transformer.
+    pub config: MMDiTConfig,
+    /// One latent, `[C, H, W]`.
+    pub latent: [usize; 3],
+    /// Text tokens and their width.
+    pub text: [usize; 2],
+    /// Pooled text width.
+    pub pooled: usize,
+}
+
+/// `preset` ([`bench_config`], 16x32x32 latents, 64 text tokens of width 256, pooled 128) or
+/// `sd35-medium` (SD3.5-medium's transformer at 512 px: 16x64x64 latents, 333 text tokens of
+/// width 4096, pooled 2048).
+pub fn size(name: &str) -> Size {
+    match name {
+        "sd35-medium" => Size {
+            config: MMDiTConfig::new()
+                .with_sample_size(128)
+                .with_num_layers(24)
+                .with_num_attention_heads(24)
+                .with_attention_head_dim(64)
+                .with_joint_attention_dim(4096)
+                .with_caption_projection_dim(1536)
+                .with_pooled_projection_dim(2048)
+                .with_pos_embed_max_size(384)
+                .with_dual_attention_layers((0..=12).collect())
+                .with_qk_norm(Some("rms_norm".into())),
+            latent: [16, 64, 64],
+            text: [333, 4096],
+            pooled: 2048,
+        },
+        "preset" => {
+            Size { config: bench_config(), latent: [16, 32, 32], text: [64, 256], pooled: 128 }
+        }
+        other => panic!("unknown size {other:?} (known: preset, sd35-medium)"),
+    }
 }

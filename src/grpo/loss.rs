@@ -23,10 +23,12 @@ pub struct LossStats {
 }
 
 impl LossStats {
-    /// The field-wise mean of `stats` (all zero for none).
-    pub fn mean(stats: &[LossStats]) -> LossStats {
-        let n = stats.len().max(1) as f64;
-        let sum = |f: fn(&LossStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
+    /// The field-wise mean of `stats`, each weighted by its sample count (all zero for none
+    /// or no samples), so a statistic means the same however the samples were grouped.
+    pub fn mean(stats: &[(usize, LossStats)]) -> LossStats {
+        let n = stats.iter().map(|(b, _)| *b).sum::<usize>().max(1) as f64;
+        let sum =
+            |f: fn(&LossStats) -> f64| stats.iter().map(|(b, s)| *b as f64 * f(s)).sum::<f64>() / n;
         LossStats {
             ratio_mean: sum(|s| s.ratio_mean),
             clip_frac_above: sum(|s| s.clip_frac_above),

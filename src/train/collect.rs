@@ -9,6 +9,7 @@ use burn::prelude::*;
 use indicatif::ProgressBar;
 
 use super::config::TrainConfig;
+use super::metrics::{timed, PhaseSeconds};
 use super::replica::Replica;
 use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
@@ -40,6 +41,8 @@ pub struct Batch<B: Backend> {
     pub nfe: usize,
     /// Each reward term's unweighted scores of the final images, in sample order.
     pub reward_terms: BTreeMap<String, Vec<f64>>,
+    /// This replica's seconds in rollouts, completions and rewards.
+    pub seconds: PhaseSeconds,
 }
 
 impl<B: Backend> Batch<B> {
@@ -116,8 +119,13 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         pb: &ProgressBar,
     ) -> Result<Batch<B>> {
         let cfg = self.config;
+        let device = self.policy.devices()[0].clone();
+        let mut seconds = PhaseSeconds::default();
         let texts: Vec<&str> = prompts.iter().map(|p| p.text.as_str()).collect();
-        let (cond, empty) = (self.pipeline.encode(&texts)?, self.pipeline.encode(&[""])?);
+        let (cond, empty) =
+            timed::<B, _>(&mut seconds.rollout, &device, "prompt encoding", || {
+                Ok((self.pipeline.encode(&texts)?, self.pipeline.encode(&[""])?))
+            })?;
         let prompt_ids = sample_order(cfg, epoch);
         let mut states: Vec<Vec<Tensor<B, 4>>> = vec![Vec::new(); cfg.rollout.num_steps + 1];
         let mut old: Vec<Vec<Tensor<B, 1>>> = vec![Vec::new(); cfg.rollout.window().len()];
@@ -139,7 +147,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
                 cond: cond.select(&ids),
                 uncond: empty.select(&vec![0; chunk_rows.len()]),
             };
-            let (r, chunk_rewards, terms, chunk_nfe) = self.sample_chunk(&chunk)?;
+            let (r, chunk_rewards, terms, chunk_nfe) = self.sample_chunk(&chunk, &mut seconds)?;
             rewards.extend(chunk_rewards)?;
             for term in terms {
                 reward_terms.entry(term.name).or_default().extend(term.scores);
@@ -163,25 +171,33 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             empty,
             nfe,
             reward_terms,
+            seconds,
         })
     }
 
     /// One chunk's rollout, its reward rows, the reward terms of its final images and its
-    /// transformer evaluations (summed over samples).
-    fn sample_chunk(&self, chunk: &Chunk<B>) -> Result<(Rollout<B>, RewardRows, Vec<Term>, usize)> {
+    /// transformer evaluations (summed over samples), adding each phase's time to `seconds`.
+    fn sample_chunk(
+        &self,
+        chunk: &Chunk<B>,
+        seconds: &mut PhaseSeconds,
+    ) -> Result<(Rollout<B>, RewardRows, Vec<Term>, usize)> {
         let cfg = self.config;
         let device = self.policy.devices()[0].clone();
         let shape = self.pipeline.latent_shape();
         let (c, u) = (&chunk.cond, &chunk.uncond);
-        let r = rollout(self.policy, &cfg.rollout, &chunk.seeds, shape, c, u, &device)?;
+        let r = timed::<B, _>(&mut seconds.rollout, &device, "rollouts", || {
+            rollout(self.policy, &cfg.rollout, &chunk.seeds, shape, c, u, &device)
+        })?;
         let b = chunk.seeds.len();
-        let (finals, terms) =
-            self.score(r.latents[cfg.rollout.num_steps].clone(), &chunk.prompts)?;
+        let (finals, terms) = timed::<B, _>(&mut seconds.reward, &device, "rewards", || {
+            self.score(r.latents[cfg.rollout.num_steps].clone(), &chunk.prompts)
+        })?;
         let mut nfe = r.nfe * b;
         let rows = match cfg.objective.objective {
             Objective::FlowGrpo => RewardRows::Finals(finals),
             Objective::TpGrpo => {
-                let (mut seqs, extra) = self.completion_rewards(&r, chunk)?;
+                let (mut seqs, extra) = self.completion_rewards(&r, chunk, seconds)?;
                 nfe += extra * b;
                 for (s, v) in seqs.iter_mut().zip(finals) {
                     s.push(v);
@@ -199,22 +215,29 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         &self,
         r: &Rollout<B>,
         chunk: &Chunk<B>,
+        seconds: &mut PhaseSeconds,
     ) -> Result<(Vec<Vec<f64>>, usize)> {
         let cfg = self.config;
         let window = cfg.rollout.window();
+        let device = r.latents[0].device();
         let mut starts: Vec<(usize, Tensor<B, 4>)> =
             window.clone().map(|k| (k, r.latents[k].clone())).collect();
         if cfg.objective.fresh_ode_noise {
             let fresh: Vec<u64> =
                 chunk.seeds.iter().map(|&s| mix(s, salt::FRESH_ODE_NOISE)).collect();
-            let device = r.latents[0].device();
             starts[0] = (0, seeded_noise(&fresh, 0, self.pipeline.latent_shape(), &device));
         }
         let (c, u, g) = (&chunk.cond, &chunk.uncond, cfg.rollout.guidance);
-        let (done, extra) = ode_completions(self.policy, &r.schedule, &starts, c, u, g)?;
+        let (done, extra) =
+            timed::<B, _>(&mut seconds.completions, &device, "completions", || {
+                ode_completions(self.policy, &r.schedule, &starts, c, u, g)
+            })?;
         let mut seqs: Vec<Vec<f64>> = vec![Vec::with_capacity(window.len() + 1); chunk.seeds.len()];
         for latent in done {
-            for (s, v) in seqs.iter_mut().zip(self.score(latent, &chunk.prompts)?.0) {
+            let (scores, _) = timed::<B, _>(&mut seconds.reward, &device, "rewards", || {
+                self.score(latent, &chunk.prompts)
+            })?;
+            for (s, v) in seqs.iter_mut().zip(scores) {
                 s.push(v);
             }
         }

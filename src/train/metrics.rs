@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +55,38 @@ pub struct EpochMetrics {
     pub nfe_per_sample: f64,
     /// Wall-clock seconds of the epoch (rollouts, rewards, update; not evaluation).
     pub seconds: f64,
+    /// The epoch's seconds by phase.
+    pub phase_seconds: PhaseSeconds,
+}
+
+/// Wall-clock seconds of an epoch's phases, each ended by waiting for the device's queued
+/// work, so that the time of asynchronous GPU work lands in the phase that launched it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseSeconds {
+    /// The SDE rollouts (prompt encoding included).
+    pub rollout: f64,
+    /// TP-GRPO's ODE completions of the trained steps' states (0 for Flow-GRPO).
+    pub completions: f64,
+    /// Decoding and scoring the final and completed latents.
+    pub reward: f64,
+    /// Gathering, credit and the update: losses, backward passes, all-reduce, AdamW, EMA.
+    pub update: f64,
+}
+
+/// Runs `work`, waits for the work it queued on `device`, and adds the seconds to `slot`
+/// (`what` names the phase in a device error).
+pub fn timed<B: Backend, T>(
+    slot: &mut f64,
+    device: &B::Device,
+    what: &str,
+    work: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let start = Instant::now();
+    let out = work()?;
+    B::sync(device).map_err(|e| Error::Device { what: what.into(), message: format!("{e:?}") })?;
+    *slot += start.elapsed().as_secs_f64();
+    Ok(out)
 }
 
 impl EpochMetrics {

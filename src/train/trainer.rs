@@ -15,14 +15,15 @@ use super::collect::{epoch_prompts, Batch, Collector};
 use super::config::TrainConfig;
 use super::ema::Ema;
 use super::evaluate::{Evaluation, Evaluator};
-use super::metrics::{read_metrics, write_metrics, EpochMetrics};
+use super::metrics::{read_metrics, timed, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
 use super::optim::AdamW;
 use super::plot::{save_chart, Series};
 use super::replica::Replica;
 use super::run_dir;
 use super::update::{
-    complete, optimizer_step, reference_policy, StepGradient, StepLosses, UpdateStats,
+    complete, micro_batches, optimizer_step, reference_policy, StepGradient, StepLosses,
+    UpdateStats,
 };
 use crate::error::{Error, Result};
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
@@ -165,13 +166,20 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let started = Instant::now();
         let epoch = self.epoch + 1;
         pb.set_message("rollouts");
-        let batch = self.collect(epoch, pb)?;
-        let (cfg, total) = (&self.config, batch.rewards.len());
-        let trained_steps = cfg.rollout.window().len();
-        let credit =
-            assign_credit(&batch.rewards, &batch.prompt_ids, &cfg.objective, trained_steps)?;
+        let mut batch = self.collect(epoch, pb)?;
         pb.set_message("updates");
-        let updates = self.update(&batch, &credit, epoch, pb)?;
+        let device = batch.states[0].device();
+        let mut seconds = batch.seconds;
+        let (credit, updates) =
+            timed::<B::InnerBackend, _>(&mut seconds.update, &device, "update", || {
+                batch.gather(&self.replica, &device)?;
+                let (objective, steps) =
+                    (&self.config.objective, self.config.rollout.window().len());
+                let credit = assign_credit(&batch.rewards, &batch.prompt_ids, objective, steps)?;
+                let updates = self.update(&batch, &credit, epoch, pb)?;
+                Ok((credit, updates))
+            })?;
+        let total = batch.rewards.len();
         self.epoch = epoch;
         let (reward_mean, reward_std) = mean_std(&batch.rewards.finals());
         let noise = GradientNoise::mean(&updates.noise);
@@ -193,12 +201,13 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             optimizer_steps: self.optimizer.step,
             nfe_per_sample: batch.nfe as f64 / total as f64,
             seconds: started.elapsed().as_secs_f64(),
+            phase_seconds: seconds,
             ..EpochMetrics::default()
         })
     }
 
     /// The collection phase: rollouts of this replica's share of epoch `epoch` with the
-    /// current policy, and every replica's rewards.
+    /// current policy, and their rewards.
     fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
         let policy = self.model.valid();
         let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
@@ -209,9 +218,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             reward: self.reward.as_ref(),
         };
         let rows = self.replica.share(self.config.prompts_per_epoch * self.config.group_size);
-        let mut batch = collector.collect(epoch, &prompts, rows, pb)?;
-        batch.gather(&self.replica, &policy.devices()[0])?;
-        Ok(batch)
+        collector.collect(epoch, &prompts, rows, pb)
     }
 
     /// The update phase: the informative samples, in a seeded order, split evenly over
@@ -236,8 +243,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             .iter()
             .map(|c| c.iter().copied().filter(|i| batch.rows.contains(i)).collect())
             .collect();
-        let micro_batches: usize = own.iter().map(|o| o.len().div_ceil(cfg.train_batch)).sum();
-        pb.set_length((micro_batches * n) as u64);
+        let parts: usize = own.iter().map(|o| micro_batches(o, cfg.train_batch).len()).sum();
+        pb.set_length((parts * n) as u64);
         pb.set_position(0);
         let losses = StepLosses::<B> {
             config: &cfg,
@@ -250,11 +257,11 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let mut stats = UpdateStats::default();
         for (chunk, own) in chunks.iter().zip(&own) {
             let mut step = StepGradient::new(chunk.len());
-            for rows in own.chunks(cfg.train_batch) {
+            for rows in micro_batches(own, cfg.train_batch) {
                 let scale = rows.len() as f64 / (chunk.len() * n) as f64;
                 let (share, loss) = losses.gradients(&self.model, rows, scale, pb)?;
                 step.add(rows.len(), share);
-                stats.loss.extend(loss);
+                stats.loss.extend(loss.into_iter().map(|s| (rows.len(), s)));
             }
             let grads = self.replica.all_reduce(complete(&self.model, step.grads))?;
             let micro = self.replica.all_gather::<B::InnerBackend>(
@@ -278,16 +285,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         Ok(stats)
     }
 
-    /// Every replica's loss statistics, in rank order.
+    /// Every replica's loss statistics with their sample counts, in rank order.
     fn gather_losses(
         &self,
-        local: &[LossStats],
+        local: &[(usize, LossStats)],
         device: &burn::tensor::Device<B::InnerBackend>,
-    ) -> Result<Vec<LossStats>> {
+    ) -> Result<Vec<(usize, LossStats)>> {
         let flat: Vec<f64> = local
             .iter()
-            .flat_map(|s| {
+            .flat_map(|(b, s)| {
                 [
+                    *b as f64,
                     s.ratio_mean,
                     s.clip_frac_above,
                     s.clip_frac_below,
@@ -299,14 +307,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             .collect();
         let all = self.replica.all_gather::<B::InnerBackend>(&flat, device)?.concat();
         Ok(all
-            .chunks(6)
-            .map(|v| LossStats {
-                ratio_mean: v[0],
-                clip_frac_above: v[1],
-                clip_frac_below: v[2],
-                approx_kl: v[3],
-                kl: v[4],
-                policy_loss: v[5],
+            .chunks(7)
+            .map(|v| {
+                let stats = LossStats {
+                    ratio_mean: v[1],
+                    clip_frac_above: v[2],
+                    clip_frac_below: v[3],
+                    approx_kl: v[4],
+                    kl: v[5],
+                    policy_loss: v[6],
+                };
+                (v[0] as usize, stats)
             })
             .collect())
     }

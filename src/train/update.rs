@@ -27,8 +27,8 @@ pub type Gradients<B> = BTreeMap<String, Tensor<B, 2>>;
 /// What an epoch's optimizer steps measured.
 #[derive(Default)]
 pub struct UpdateStats {
-    /// One entry per micro-batch and trained step.
-    pub loss: Vec<LossStats>,
+    /// One entry per micro-batch and trained step, with the micro-batch's sample count.
+    pub loss: Vec<(usize, LossStats)>,
     /// The global gradient norm before clipping, per optimizer step.
     pub grad_norm: Vec<f64>,
     /// Gradient-noise estimates of the optimizer steps with two or more micro-batches.
@@ -42,6 +42,27 @@ pub fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Te
         None => grad,
     };
     grads.insert(name, sum);
+}
+
+/// `rows` split into micro-batches: whole ones of `size` rows, then the remainder in
+/// power-of-two parts, largest first (55 rows at size 16: 16, 16, 16, 4, 2, 1).
+///
+/// The informative samples of a step vary from epoch to epoch, and the JIT backends compile
+/// kernels (and autotune) for each new batch shape: a plain last micro-batch of
+/// `rows mod size` rows would bring up to `size - 1` new shapes over a run, this at most
+/// `log2(size)`, all seen within the first epochs. The gradient is the same sum of per-sample
+/// terms either way; only its summation order changes.
+pub fn micro_batches(rows: &[usize], size: usize) -> Vec<&[usize]> {
+    let size = size.max(1);
+    let whole = rows.len() / size * size;
+    let mut out: Vec<&[usize]> = rows[..whole].chunks(size).collect();
+    let mut rest = &rows[whole..];
+    while !rest.is_empty() {
+        let part = 1 << rest.len().ilog2();
+        out.push(&rest[..part]);
+        rest = &rest[part..];
+    }
+    out
 }
 
 fn lift<B: AutodiffBackend>(c: &Conditioning<B::InnerBackend>) -> Conditioning<B> {
@@ -223,4 +244,31 @@ pub fn optimizer_step<B: AutodiffBackend>(
 /// The reference policy of the KL term: `model` with its adapters off, on the inner backend.
 pub fn reference_policy<B: AutodiffBackend>(model: &MMDiT<B>) -> MMDiT<B::InnerBackend> {
     model.valid().adapters_off()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_batches;
+
+    fn sizes(n: usize, size: usize) -> Vec<usize> {
+        let rows: Vec<usize> = (0..n).collect();
+        let parts = micro_batches(&rows, size);
+        assert_eq!(parts.concat(), rows, "{n} rows at {size}: every row once, in order");
+        parts.iter().map(|p| p.len()).collect()
+    }
+
+    #[test]
+    fn micro_batches_are_whole_then_powers_of_two() {
+        assert_eq!(sizes(55, 16), [16, 16, 16, 4, 2, 1]);
+        assert_eq!(sizes(64, 16), [16, 16, 16, 16]);
+        assert_eq!(sizes(15, 16), [8, 4, 2, 1]);
+        assert_eq!(sizes(0, 16), Vec::<usize>::new());
+        assert_eq!(sizes(29, 12), [12, 12, 4, 1]);
+        assert_eq!(sizes(3, 1), [1, 1, 1]);
+        // Every count below 200 uses at most log2(16) + 1 = 5 distinct shapes at size 16.
+        let mut shapes: Vec<usize> = (0..200).flat_map(|n| sizes(n, 16)).collect();
+        shapes.sort_unstable();
+        shapes.dedup();
+        assert_eq!(shapes, [1, 2, 4, 8, 16]);
+    }
 }
