@@ -19,7 +19,7 @@
 //! (sides 8 to 11 pixels), so rendered scenes score about 1; a relation between two groups of
 //! one colour has no colour centroids to compare and is not scored. Areas and offsets are in
 //! pixels of a 32x32 image, scaled to the image's size. Flood fills, empty and noise images
-//! and wrong colours score low (`tests/toy_task.rs`).
+//! and wrong colours score low (`tests/it/toy_task.rs`).
 
 use super::draw::{Placed, IMAGE_SIZE, OBJECT_SIZE};
 use super::prompt::{Color, Relation, Scene, Shape};

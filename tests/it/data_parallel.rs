@@ -4,7 +4,7 @@
 //!
 //! The collective's server is one per process and backend, so these tests take turns.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Mutex;

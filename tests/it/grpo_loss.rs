@@ -1,6 +1,6 @@
 //! The clipped policy loss and the KL penalty against hand-worked values and gradients.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use tpgrpo::backend::{self, TrainBackend as AB};

@@ -1,6 +1,6 @@
 //! The rollout engine and batched ODE completions.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use tpgrpo::backend::Backend as B;

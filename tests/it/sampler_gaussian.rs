@@ -2,7 +2,7 @@
 //! (whose drift preserves the marginals) must end at the data distribution, CPS at its mean, and the
 //! per-step noise must have the moments the step reports.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use tpgrpo::backend::Backend as B;

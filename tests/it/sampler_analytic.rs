@@ -2,7 +2,7 @@
 //! through autodiff, and Euler sampling of a point mass, whose exact velocity makes every
 //! Euler step exact.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

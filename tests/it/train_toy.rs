@@ -3,7 +3,7 @@
 //! agree with credit recomputed from the recorded rewards, and checkpoints, sample grids and
 //! the reward curve are written.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

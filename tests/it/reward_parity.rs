@@ -2,7 +2,7 @@
 //! `CLIPImageProcessorPil`), on the fixture written by `tests/fixtures/gen_reward.py`, or on
 //! the folder `$TPGRPO_REWARD_FIXTURES` names.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! --reward pickscore=<tiny CLIP> --reward aesthetic=<tiny CLIP>:0.5`, the example binary built
 //! by `cargo test`, trained end to end with every reward logged in `metrics.jsonl`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

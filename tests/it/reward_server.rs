@@ -2,7 +2,7 @@
 //! `cargo test`): both protocols score as the same reward does locally, 5xx replies are
 //! retried, and every fault stops scoring with an error naming the URL and the problem.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

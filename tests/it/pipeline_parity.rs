@@ -2,7 +2,7 @@
 //! tests/fixtures/gen_pipeline.py: tokenizers, each text encoder, the assembled prompt
 //! embeddings, the VAE (diffusers folder and Stability single file), and a 4-step run.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

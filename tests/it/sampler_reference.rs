@@ -2,7 +2,7 @@
 //! tests/fixtures/flow_sde_reference.json (or `$TPGRPO_SDE_FIXTURE`), a copy of the design
 //! notes' shared fixture with its header.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

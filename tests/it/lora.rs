@@ -2,7 +2,7 @@
 //! with the adapted forward; AdamW and global-norm clipping against hand-worked values; the
 //! gradient noise estimates against hand-worked values and gradients of known distribution.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -19,9 +19,13 @@ pub fn tensor<const D: usize>(files: &WeightFiles, key: &str) -> Tensor<B, D> {
     Tensor::from_data(data, &device())
 }
 
-/// A fresh scratch folder under the system temp dir, unique to this process and `name`.
+/// A fresh scratch folder under the system temp dir, unique to this call (the process, a
+/// counter and `name`), so tests running side by side never share one.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tpgrpo-test-{}-{name}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("tpgrpo-test-{pid}-{call}-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

@@ -2,7 +2,7 @@
 //! configurations against diffusers' state dicts, clear errors on bad checkpoints and inputs,
 //! and a diffusers-format save that round-trips.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

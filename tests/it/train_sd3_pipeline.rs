@@ -2,7 +2,7 @@
 //! T5, the MMDiT and the VAE, then LoRA updates, with live encoders and with an embedding cache
 //! standing in for them.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

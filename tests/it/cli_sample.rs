@@ -1,7 +1,7 @@
 //! `tpgrpo sample` on the tiny SD3 fixture folder: writes a PNG of the model's native size,
 //! reproducibly per seed, and names a bad folder.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

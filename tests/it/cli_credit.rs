@@ -1,6 +1,6 @@
 //! The `tpgrpo credit` inspector: tables, JSON, and clear errors on bad input.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

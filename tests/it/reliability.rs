@@ -3,7 +3,7 @@
 //! exactly what it cannot continue and never leaves the run folder, sizes are checked before
 //! anything is allocated.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

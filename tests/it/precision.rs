@@ -14,7 +14,7 @@ use burn::tensor::{DType, FloatDType};
 use tpgrpo::model::precision::cast_params;
 use tpgrpo::model::{LoraConfig, MMDiT, Precision};
 
-mod common;
+use crate::common;
 
 type B = Autodiff<NdArray>;
 

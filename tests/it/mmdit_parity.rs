@@ -1,7 +1,7 @@
 //! Parity of the MMDiT with diffusers' SD3Transformer2DModel on every case folder under
 //! tests/fixtures/mmdit/ (or `$TPGRPO_MMDIT_FIXTURES`), written by tests/fixtures/gen_mmdit.py.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,31 @@
+//! The integration tests, as one test binary (one module per concern).
+//!
+//! One binary, not one per file: every test file instantiates the library's generic models
+//! and trainer for the test backend, and a release build compiled and linked that code once
+//! per file (about a minute each on two cores); here it is compiled once.
+
+mod cli_credit;
+mod cli_sample;
+mod cli_score;
+mod common;
+mod credit_properties;
+mod data_parallel;
+mod doctor;
+mod grpo_loss;
+mod lora;
+mod mmdit_load;
+mod mmdit_parity;
+mod pipeline_parity;
+mod precision;
+mod reliability;
+mod reward_parity;
+mod reward_server;
+mod rollout;
+mod sampler_analytic;
+mod sampler_gaussian;
+mod sampler_reference;
+mod toy_task;
+mod tp_credit_reference;
+mod train_rewards;
+mod train_sd3_pipeline;
+mod train_toy;
