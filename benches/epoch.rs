@@ -16,13 +16,13 @@ use indicatif::ProgressBar;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::image::Image;
 use tpgrpo::model::precision::dtype_name;
-use tpgrpo::model::{AutoencoderKL, LoraConfig, MMDiT, Precision, VaeConfig};
+use tpgrpo::model::{AutoencoderKL, LoraConfig, MMDiT, VaeConfig};
 use tpgrpo::reward::{Prompt, Reward};
 use tpgrpo::sampler::{Conditioning, TextToImage};
 use tpgrpo::train::{Task, TrainConfig, Trainer};
 
 mod common;
-use common::{size, Size};
+use common::{args, size, Size};
 
 type Inner = backend::Backend;
 
@@ -76,11 +76,8 @@ impl Reward for Brightness {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let name = args.first().map(String::as_str).unwrap_or("preset");
-    let samples: usize = args.get(1).map(|b| b.parse().expect("SAMPLES is a number")).unwrap_or(8);
-    let precision: Precision =
-        args.get(2).map(|p| p.parse().expect("PRECISION is f32 or bf16")).unwrap_or(Precision::F32);
+    let (name, samples, precision) = args("SAMPLES", 8);
+    let name = name.as_str();
     let device = backend::init().expect("kernel cache settings");
     let Size { config, latent, text, pooled } = size(name);
     let group = 4;

@@ -22,10 +22,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::model::precision::{cast_params, dtype_name};
-use tpgrpo::model::{LoraConfig, MMDiT, Precision};
+use tpgrpo::model::{LoraConfig, MMDiT};
 
 mod common;
-use common::{size, Size};
+use common::{args, size, Size};
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,
@@ -65,11 +65,8 @@ fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let name = args.first().map(String::as_str).unwrap_or("preset");
-    let batch: usize = args.get(1).map(|b| b.parse().expect("BATCH is a number")).unwrap_or(2);
-    let precision: Precision =
-        args.get(2).map(|p| p.parse().expect("PRECISION is f32 or bf16")).unwrap_or(Precision::F32);
+    let (name, batch, precision) = args("BATCH", 2);
+    let name = name.as_str();
     let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let device = backend::init().expect("kernel cache settings");
     let s = size(name);

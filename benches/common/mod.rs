@@ -3,7 +3,7 @@
 // Each bench uses a part of this module.
 #![allow(dead_code)]
 
-use tpgrpo::model::MMDiTConfig;
+use tpgrpo::model::{MMDiTConfig, Precision};
 
 /// 4 blocks, 4 heads x 64 (D = 256), dual attention on blocks 0-1, qk-norm, text width 256,
 /// pooled 128, position grid 32 (latents 16x32x32 give 256 image tokens).
@@ -59,4 +59,18 @@ pub fn size(name: &str) -> Size {
         }
         other => panic!("unknown size {other:?} (known: preset, sd35-medium)"),
     }
+}
+
+/// The arguments `[SIZE] [COUNT] [PRECISION]` after cargo's own flags: the size name (default
+/// `preset`), a count named `what` (default `default`) and the precision (default f32).
+pub fn args(what: &str, default: usize) -> (String, usize, Precision) {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let name = args.first().cloned().unwrap_or_else(|| "preset".into());
+    let count = args
+        .get(1)
+        .map_or(default, |c| c.parse().unwrap_or_else(|_| panic!("{what} is a number, not {c:?}")));
+    let precision = args.get(2).map_or(Precision::F32, |p| {
+        p.parse().unwrap_or_else(|_| panic!("PRECISION is f32 or bf16, not {p:?}"))
+    });
+    (name, count, precision)
 }
