@@ -48,12 +48,12 @@ pub fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Te
 /// power-of-two parts, largest first (55 rows at size 16: 16, 16, 16, 4, 2, 1).
 ///
 /// The informative samples of a step vary from epoch to epoch, and the JIT backends compile
-/// kernels (and autotune) for each new batch shape: a plain last micro-batch of
-/// `rows mod size` rows would bring up to `size - 1` new shapes over a run, this at most
-/// `log2(size)`, all seen within the first epochs. The gradient is the same sum of per-sample
-/// terms either way; only its summation order changes.
+/// new kernels for a new batch size (docs/gpu.md: batch 13 after 16 compiled 56 new ones): a
+/// plain last micro-batch of `rows mod size` rows would bring up to `size - 1` new sizes over
+/// a run, this at most `log2(size)`. The gradient is the same sum of per-sample terms either
+/// way; only its summation order changes. `size` is positive (`TrainConfig::validate`).
 pub fn micro_batches(rows: &[usize], size: usize) -> Vec<&[usize]> {
-    let size = size.max(1);
+    assert!(size > 0, "micro-batches of 0 rows");
     let whole = rows.len() / size * size;
     let mut out: Vec<&[usize]> = rows[..whole].chunks(size).collect();
     let mut rest = &rows[whole..];
