@@ -96,8 +96,14 @@ fn pass(src: &[u8], lines: usize, input: usize, output: usize, along_rows: bool)
     out
 }
 
-/// `PIL.Image.resize((width, height), BICUBIC)` of an 8-bit RGB buffer `[H, W, 3]`: rows
-/// first, rounded to 8 bits, then columns (each pass only where the size changes).
+/// `PIL.Image.resize((width, height), BICUBIC)` of an 8-bit RGB buffer `[H, W, 3]`, as Pillow
+/// 13 does it: two passes, each rounded to 8 bits and run only where its size changes, rows
+/// (horizontal) first unless the height shrinks by more than twice as many pixels as the width
+/// (`h0 - h1 > max(0, 2 (w0 - w1))`), when the columns go first to make the row pass cheaper.
+///
+/// The order changes the result (the intermediate image is rounded): a 37x90 image resized to
+/// 30x72 differs in 1796 of its 6480 values between the two orders. Pillow before 13.0 always
+/// resized rows first.
 pub fn pil_bicubic(pixels: &[u8], from: (usize, usize), to: (usize, usize)) -> Result<Vec<u8>> {
     let ((w0, h0), (w1, h1)) = (from, to);
     if pixels.len() != w0 * h0 * 3 || w0 == 0 || h0 == 0 || w1 == 0 || h1 == 0 {
@@ -107,8 +113,17 @@ pub fn pil_bicubic(pixels: &[u8], from: (usize, usize), to: (usize, usize)) -> R
             &[pixels.len()],
         ));
     }
-    let rows = if w1 != w0 { pass(pixels, h0, w0, w1, true) } else { pixels.to_vec() };
-    Ok(if h1 != h0 { pass(&rows, w1, h0, h1, false) } else { rows })
+    let shrink = |a: usize, b: usize| a as i128 - b as i128;
+    let columns_first = shrink(h0, h1) > 0 && shrink(h0, h1) > 2 * shrink(w0, w1);
+    let rows = |src: &[u8], lines: usize| pass(src, lines, w0, w1, true);
+    let columns = |src: &[u8], lines: usize| pass(src, lines, h0, h1, false);
+    Ok(match (w1 != w0, h1 != h0) {
+        (false, false) => pixels.to_vec(),
+        (true, false) => rows(pixels, h0),
+        (false, true) => columns(pixels, w0),
+        (true, true) if columns_first => rows(&columns(pixels, w0), h1),
+        (true, true) => columns(&rows(pixels, h0), w1),
+    })
 }
 
 #[cfg(test)]
@@ -136,5 +151,24 @@ mod tests {
         assert_eq!(out, rgb(&[0, 170, 255, 88]));
         assert!((bicubic(0.25) - 0.8671875).abs() < 1e-12);
         assert!((bicubic(1.25) + 0.0703125).abs() < 1e-12);
+    }
+
+    /// Pillow 13.0's order of the two passes, on grey images whose result depends on it
+    /// (outputs of `Image.fromarray(a).resize((w, h), Image.BICUBIC)`): a 3x7 image shrunk to
+    /// 2x3 (height by 4 pixels, more than twice the width's 1) and a 2x6 image to 3x3 (width
+    /// grows): columns first. Rows first would give 187 at (0, 0) in the first and
+    /// `[197, 131, 63], [57, 52, 48]` in the last two rows of the second.
+    #[test]
+    fn columns_go_first_when_the_height_shrinks_more() {
+        let rgb = |v: &[u8]| -> Vec<u8> { v.iter().flat_map(|&x| [x; 3]).collect() };
+        let tall = [
+            95, 217, 15, 215, 248, 69, 205, 61, 29, 19, 59, 81, 120, 208, 64, 89, 127, 128, 76,
+            154, 95,
+        ];
+        let out = pil_bicubic(&rgb(&tall), (3, 7), (2, 3)).unwrap();
+        assert_eq!(out, rgb(&[186, 96, 107, 79, 113, 126]));
+        let narrow = [95, 217, 15, 215, 248, 69, 205, 61, 29, 19, 59, 81];
+        let out = pil_bicubic(&rgb(&narrow), (2, 6), (3, 3)).unwrap();
+        assert_eq!(out, rgb(&[64, 140, 215, 199, 131, 63, 56, 53, 49]));
     }
 }
