@@ -23,6 +23,7 @@ pub mod image;
 pub mod limits;
 pub mod model;
 pub mod overrides;
+pub mod paths;
 pub mod pipeline;
 pub mod prompts;
 pub mod reward;

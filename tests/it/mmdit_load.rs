@@ -142,6 +142,35 @@ fn sharded_index_naming_a_missing_shard_is_an_error() {
     assert!(matches!(e, Error::Io { .. }) && e.to_string().contains("00003-of-00005"), "{e}");
 }
 
+/// A shard name that leaves the model's folder is refused before anything is opened, even
+/// when the file it names exists and is a valid shard; a shard that is a symbolic link inside
+/// the folder (as in the Hugging Face cache) still loads.
+#[test]
+fn sharded_index_entries_stay_inside_the_folder() {
+    let src = common::mmdit_fixtures().join("sharded_bf16/transformer");
+    let root = common::scratch("shards-escape");
+    let dir = root.join("transformer");
+    std::fs::create_dir_all(&dir).unwrap();
+    let shard = "diffusion_pytorch_model-00003-of-00005.safetensors";
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        let to =
+            if p.ends_with(shard) { root.join(shard) } else { dir.join(p.file_name().unwrap()) };
+        std::fs::copy(&p, to).unwrap();
+    }
+    let index = dir.join("diffusion_pytorch_model.safetensors.index.json");
+    let original = std::fs::read_to_string(&index).unwrap();
+    let outside = root.join(shard).display().to_string();
+    for evil in [format!("../{shard}"), outside, format!("./../transformer/../{shard}")] {
+        std::fs::write(&index, original.replace(shard, &evil)).unwrap();
+        let e = load_err(&dir).to_string();
+        assert!(e.contains("index.json: names") && e.contains("not a file inside"), "{evil}: {e}");
+    }
+    std::fs::write(&index, &original).unwrap();
+    std::os::unix::fs::symlink(root.join(shard), dir.join(shard)).unwrap();
+    MMDiT::<B>::load(&dir, &common::device()).expect("a shard linked from inside loads");
+}
+
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let model =
