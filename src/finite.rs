@@ -1,5 +1,7 @@
 //! Non-finite checks: a NaN or infinity anywhere in a run (latents, images, rewards,
-//! gradients, adapters, loaded state) stops it with an error naming what and where.
+//! gradients, adapters, loaded state) stops it with an error naming what and where, and so
+//! does a quantity derived from finite values that overflows f64 (a sum, difference or square
+//! of rewards near 1e308).
 
 use burn::prelude::*;
 
@@ -24,6 +26,22 @@ pub fn ensure_finite_values(values: &[f32], what: &str) -> Result<()> {
     }
 }
 
+/// `value` when finite; else an error naming the setting or input `field` and `what` was
+/// computed (from finite inputs too large for f64 arithmetic: sums, differences, squares).
+pub fn no_overflow(value: f64, field: &str, what: impl FnOnce() -> String) -> Result<f64> {
+    if value.is_finite() {
+        return Ok(value);
+    }
+    Err(Error::config(
+        field,
+        format!(
+            "{} overflows f64 ({value}): its inputs are finite but too large to combine \
+             (rewards must stay well below 1e308 in magnitude)",
+            what()
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,5 +56,8 @@ mod tests {
         ensure_finite(&Tensor::<B, 1>::from_floats([0.0, -1e30], &device), "x").unwrap();
         let e = ensure_finite_values(&[0.5, f32::NEG_INFINITY], "image 2").unwrap_err();
         assert!(e.to_string().starts_with("image 2: 1 of 2 values"), "{e}");
+        assert_eq!(no_overflow(-1e308, "batch", || unreachable!()).unwrap(), -1e308);
+        let e = no_overflow(1e308 * 2.0, "batch", || "row 1, d_0".into()).unwrap_err();
+        assert!(e.to_string().contains("row 1, d_0 overflows f64 (inf)"), "{e}");
     }
 }

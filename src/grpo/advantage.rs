@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::finite::no_overflow;
 
 /// Which standard deviation normalises advantages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,16 +46,28 @@ pub fn group_zscores(
         groups.entry(p).or_default().push(i);
     }
     let mut out = vec![vec![0.0; steps]; values.len()];
+    let checked = |(mean, std): (f64, f64), whose: &dyn Fn() -> String| -> crate::Result<_> {
+        no_overflow(mean, "rewards", || format!("the mean of {}", whose()))?;
+        no_overflow(std, "rewards", || format!("the standard deviation of {}", whose()))?;
+        Ok((mean, std))
+    };
     for k in 0..steps {
-        let (_, global_std) = mean_std(values.iter().map(|row| row[k]));
-        for members in groups.values() {
-            let (mean, group_std) = mean_std(members.iter().map(|&i| values[i][k]));
-            let std = match scope {
-                StdScope::Group => group_std,
-                StdScope::Global => global_std,
-            };
+        let global_std = match scope {
+            StdScope::Global => {
+                let all = || format!("all samples' step-{k} rewards");
+                Some(checked(mean_std(values.iter().map(|row| row[k])), &all)?.1)
+            }
+            StdScope::Group => None,
+        };
+        for (prompt, members) in &groups {
+            let group = || format!("prompt {prompt}'s step-{k} rewards");
+            let (mean, group_std) =
+                checked(mean_std(members.iter().map(|&i| values[i][k])), &group)?;
+            let std = global_std.unwrap_or(group_std);
             for &i in members {
-                out[i][k] = (values[i][k] - mean) / (std + eps);
+                out[i][k] = no_overflow((values[i][k] - mean) / (std + eps), "rewards", || {
+                    format!("the advantage of sample {i} at step {k}")
+                })?;
             }
         }
     }

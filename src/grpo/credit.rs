@@ -6,6 +6,7 @@ use std::cmp::Ordering;
 use super::config::{BalanceKey, ObjectiveConfig};
 use super::turning_point::turning_points;
 use crate::error::Error;
+use crate::finite::no_overflow;
 
 /// Incremental step rewards `d_k = seq[k+1] - seq[k]`, `k = 0..n`, of `seq = [R_ode, R_1, .., R_sde]`.
 pub fn step_rewards(seq: &[f64]) -> Vec<f64> {
@@ -30,11 +31,12 @@ pub struct TrajectoryCredit {
 
 /// Mean `|d_k|` over credited trajectories, per trained step: how much each step's action
 /// changes the reward of the ODE completion (empty for no trajectories).
-pub fn mean_abs_step_rewards(credits: &[TrajectoryCredit]) -> Vec<f64> {
+pub fn mean_abs_step_rewards(credits: &[TrajectoryCredit]) -> crate::Result<Vec<f64>> {
     let n = credits.first().map_or(0, |c| c.step_rewards.len());
     (0..n)
         .map(|k| {
-            credits.iter().map(|c| c.step_rewards[k].abs()).sum::<f64>() / credits.len() as f64
+            let sum = credits.iter().map(|c| c.step_rewards[k].abs()).sum::<f64>();
+            no_overflow(sum / credits.len() as f64, "batch", || format!("mean |d_{k}|"))
         })
         .collect()
 }
@@ -79,20 +81,33 @@ pub fn credit_batch(
     validate_batch(batch)?;
     let mut credits: Vec<TrajectoryCredit> = batch
         .iter()
-        .map(|seq| {
+        .enumerate()
+        .map(|(i, seq)| {
             let n = seq.len() - 1;
             let d = step_rewards(seq);
             let tp = turning_points(seq, cfg.consistency, cfg.first_step);
-            let credited = (0..n).map(|k| if tp[k] { seq[n] - seq[k] } else { d[k] }).collect();
-            TrajectoryCredit {
+            let credited: Vec<f64> =
+                (0..n).map(|k| if tp[k] { seq[n] - seq[k] } else { d[k] }).collect();
+            let delta = no_overflow(seq[n] - seq[0], "batch", || {
+                format!("row {i}: Delta = R_sde - R_ode = {:?} - {:?}", seq[n], seq[0])
+            })?;
+            for k in 0..n {
+                no_overflow(d[k], "batch", || {
+                    format!("row {i}: d_{k} = {:?} - {:?}", seq[k + 1], seq[k])
+                })?;
+                no_overflow(credited[k], "batch", || {
+                    format!("row {i}: agg_{k} = R_sde - R_{k} = {:?} - {:?}", seq[n], seq[k])
+                })?;
+            }
+            Ok(TrajectoryCredit {
                 step_rewards: d,
                 candidate_turning_points: tp.clone(),
                 turning_points: tp,
                 credited_rewards: credited,
-                delta: seq[n] - seq[0],
-            }
+                delta,
+            })
         })
-        .collect();
+        .collect::<crate::Result<_>>()?;
     if cfg.balance {
         balance(&mut credits, cfg.balance_key);
     }

@@ -103,7 +103,7 @@ pub fn assign_credit(
     let advantages = match rows {
         RewardRows::Sequences(seqs) => {
             let credits = credit_batch(seqs, cfg)?;
-            stats.step_reward_change = mean_abs_step_rewards(&credits);
+            stats.step_reward_change = mean_abs_step_rewards(&credits)?;
             for c in &credits {
                 let count = c.turning_points.iter().filter(|&&t| t).count();
                 stats.turning_points += count;

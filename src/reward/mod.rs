@@ -13,6 +13,7 @@ pub use spec::{load_rewards, RewardSpec};
 use crate::image::Image;
 
 use crate::error::{Error, Result};
+use crate::finite::no_overflow;
 
 /// A prompt and the metadata a reward may read (GenEval-style object lists, OCR text, ...).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -106,6 +107,9 @@ pub fn score_terms(
         for (t, s) in total.iter_mut().zip(&term.scores) {
             *t += term.weight * s;
         }
+    }
+    for (i, t) in total.iter().enumerate() {
+        no_overflow(*t, "reward", || format!("the weighted total of image {i}'s scores"))?;
     }
     Ok((total, terms))
 }

@@ -7,7 +7,7 @@ use burn::prelude::*;
 
 use super::config::TrainConfig;
 use crate::error::Result;
-use crate::finite::{ensure_finite, ensure_finite_values};
+use crate::finite::{ensure_finite, ensure_finite_values, no_overflow};
 use crate::image::Image;
 use crate::model::MMDiT;
 use crate::reward::{score_checked, Prompt, Report, Reward};
@@ -87,7 +87,10 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
                 }
             }
         }
-        let reward = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
+        let reward =
+            no_overflow(scores.iter().sum::<f64>() / scores.len().max(1) as f64, "reward", || {
+                "the mean held-out reward".into()
+            })?;
         let report = tallies
             .into_iter()
             .filter(|(_, (_, made))| *made > 0.0)

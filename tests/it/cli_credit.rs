@@ -64,6 +64,23 @@ fn bad_input_gets_a_clear_error() {
         ),
         (r#"{"batch": [[0.1, 0.2]], "prompt_ids": [0, 1]}"#, "prompt_ids"),
         (r#"{"batch": [], "prompt_ids": []}"#, "is empty"),
+        // Finite rewards whose derived quantities overflow f64, each named where computed:
+        // a step reward, Delta and agg (differences), a group's mean (a sum), its deviation
+        // (squares).
+        (r#"{"batch": [[-1e308, 1e308, 0]], "prompt_ids": [0]}"#, "row 0: d_0 = 1e308 - -1e308"),
+        (
+            r#"{"batch": [[0, 0], [1e308, -1e308]], "prompt_ids": [0, 0]}"#,
+            "row 1: Delta = R_sde - R_ode = -1e308 - 1e308 overflows",
+        ),
+        (
+            r#"{"batch": [[0, 1e308], [0, 1e308]], "prompt_ids": [0, 0]}"#,
+            "the mean of prompt 0's step-0 rewards overflows",
+        ),
+        (
+            r#"{"batch": [[0, 1e200], [0, -1e200]], "prompt_ids": [0, 1],
+                "options": {"std_scope": "global"}}"#,
+            "the standard deviation of all samples' step-0 rewards overflows",
+        ),
     ];
     for (input, message) in cases {
         let (ok, _, err) = run(input, false);
