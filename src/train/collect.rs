@@ -46,6 +46,11 @@ pub struct Batch<B: Backend> {
 }
 
 impl<B: Backend> Batch<B> {
+    /// This replica's samples among `samples`, in their order.
+    pub fn own(&self, samples: &[usize]) -> Vec<usize> {
+        samples.iter().copied().filter(|i| self.rows.contains(i)).collect()
+    }
+
     /// Gathers every replica's rewards, reward terms and evaluation counts, so that credit
     /// sees whole groups exactly as on a single device (the shares tile the samples in rank
     /// order); the states stay with the replica that drew them.

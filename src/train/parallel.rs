@@ -172,3 +172,162 @@ where
     }
     history.ok_or_else(|| Error::Replica { rank: first, message: "no metrics".into() })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The gradient of each optimizer step, on one device and on two replicas, against the
+    //! sum of its per-sample terms.
+    //!
+    //! With micro-batches of one sample, each term `grad loss_i / (|step| n)` is computed the
+    //! same way wherever it is computed (same inputs, shapes and adapters), so a step's
+    //! gradient on one device and on two replicas differ from the exact sum of the terms only
+    //! by the order of f32 additions. Any order of adding `m` terms is within
+    //! `gamma_m sum_i |term_i|` of their exact sum, `gamma_m = m u / (1 - m u)`, `u = 2^-24`
+    //! (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 4.2),
+    //! element by element, whatever the CPU: the tolerance comes from the magnitudes summed.
+    //! A skipped or doubled sample, a replica stepping on its own share or a wrong scale
+    //! moves some element by a whole term or more, which the test checks is more than twice
+    //! the tolerance for every sample.
+
+    use std::collections::BTreeMap;
+
+    use burn::collective::CollectiveConfig;
+    use indicatif::ProgressBar;
+
+    use crate::backend::{Backend as B, TrainBackend};
+    use crate::toy::{self, ToyAlignment};
+    use crate::train::update::{Gradients, StepLosses};
+    use crate::train::{Replica, TrainConfig};
+
+    /// Tensors by name, as f32 values.
+    type Values = BTreeMap<String, Vec<f32>>;
+
+    /// 2 prompts x 4 samples, rollout chunks of 4 (replica 0 draws samples 0..4 and replica 1
+    /// samples 4..8, the single device's two chunks), 2 optimizer steps, micro-batches of 1.
+    fn config() -> TrainConfig {
+        let sets: Vec<String> = [
+            "prompts_per_epoch=2",
+            "group_size=4",
+            "rollout_batch=4",
+            "train_batch=1",
+            "optimizer_steps_per_epoch=2",
+            "rollout.num_steps=4",
+            "rollout.window_size=2",
+            "eval_every=0",
+            "seed=3",
+        ]
+        .map(String::from)
+        .into();
+        toy::train_config().with_sources(None, &sets).unwrap()
+    }
+
+    fn values(grads: Gradients<B>) -> Values {
+        grads.into_iter().map(|(n, t)| (n, t.into_data().to_vec::<f32>().unwrap())).collect()
+    }
+
+    /// What a replica computed in epoch 1: the samples of each optimizer step, each step's
+    /// gradient at the initial adapters, the terms of each step's samples (on one device
+    /// only: the others hold a share of the states), and the adapters after the epoch's
+    /// update.
+    struct Epoch {
+        steps: Vec<Vec<usize>>,
+        gradients: Vec<Values>,
+        terms: Vec<Vec<Values>>,
+        adapters: Values,
+    }
+
+    fn epoch(replica: Replica) -> Epoch {
+        let device = Default::default();
+        if replica.size > 1 {
+            let collective = CollectiveConfig::default().with_num_devices(replica.size);
+            replica.register::<B>(&device, collective).unwrap();
+        }
+        let out = std::env::temp_dir().join("tpgrpo-unit-never-written");
+        let mut t = toy::trainer::<TrainBackend>(config(), Box::new(ToyAlignment), out, &device)
+            .unwrap()
+            .with_replica(replica);
+        let pb = ProgressBar::hidden();
+        let mut batch = t.collect(1, &pb).unwrap();
+        let credit = t.credit(&mut batch).unwrap();
+        let steps = t.step_samples(&credit, 1);
+        let cfg = t.config.clone();
+        let losses = StepLosses::new(&cfg, &batch, &credit.advantages, &t.model).unwrap();
+        let (mut gradients, mut terms) = (Vec::new(), Vec::new());
+        for samples in &steps {
+            let (g, _) = t.step_gradient(&losses, samples, &mut Vec::new(), &pb).unwrap();
+            gradients.push(values(g));
+            if replica.size == 1 {
+                // Every sample weighs 1 / (step samples x trained steps).
+                let scale = 1.0 / (samples.len() * cfg.rollout.window().len()) as f64;
+                let term = |i| values(losses.gradients(&t.model, &[i], scale, &pb).unwrap().0);
+                terms.push(samples.iter().map(|&i| term(i)).collect());
+            }
+        }
+        drop(losses);
+        t.update(&batch, &credit, 1, &pb).unwrap();
+        let adapters = t.model.lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
+        let adapters = values(adapters.collect());
+        if replica.size > 1 {
+            replica.finish::<B>().unwrap();
+        }
+        Epoch { steps, gradients, terms, adapters }
+    }
+
+    /// Checks `got` (one step's gradient) against the exact sum of `terms`, element by
+    /// element, within `gamma_m sum |term|` plus the f64 rounding of the reference; returns
+    /// the tolerances.
+    fn assert_sum_of_terms(what: &str, got: &Values, terms: &[Values]) -> Values {
+        let u = f64::powi(2.0, -24);
+        let m = terms.len() as f64;
+        let gamma = m * u / (1.0 - m * u) + m * f64::EPSILON;
+        let mut tolerances = Values::new();
+        for (name, g) in got {
+            let mut tolerance = Vec::with_capacity(g.len());
+            for (e, &value) in g.iter().enumerate() {
+                let parts: Vec<f64> =
+                    terms.iter().filter_map(|t| t.get(name)).map(|t| t[e] as f64).collect();
+                let exact: f64 = parts.iter().sum();
+                let bound = gamma * parts.iter().map(|p| p.abs()).sum::<f64>();
+                let diff = (value as f64 - exact).abs();
+                assert!(
+                    diff <= bound,
+                    "{what}: {name}[{e}] = {value}, sum of the terms {exact}, |diff| {diff} > {bound}"
+                );
+                tolerance.push(bound as f32);
+            }
+            tolerances.insert(name.clone(), tolerance);
+        }
+        tolerances
+    }
+
+    #[test]
+    fn step_gradients_are_the_sum_of_their_terms_on_one_device_and_two_replicas() {
+        let single = epoch(Replica::SINGLE);
+        let replicas: Vec<Epoch> = (0..2)
+            .map(|rank| std::thread::spawn(move || epoch(Replica { rank, size: 2 })))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert_eq!(single.steps.len(), 2, "two optimizer steps: {:?}", single.steps);
+        for r in &replicas {
+            assert_eq!(r.steps, single.steps);
+        }
+        for (s, terms) in single.terms.iter().enumerate() {
+            let one = assert_sum_of_terms("one device", &single.gradients[s], terms);
+            let two = assert_sum_of_terms("two replicas", &replicas[0].gradients[s], terms);
+            assert_eq!(one, two, "the same tolerances");
+            assert_eq!(replicas[0].gradients[s], replicas[1].gradients[s], "replicas disagree");
+            // Every term is larger than twice the tolerance somewhere: leaving one out, or
+            // counting it twice, fails the check above.
+            for (i, term) in terms.iter().enumerate() {
+                let seen = term
+                    .iter()
+                    .any(|(name, t)| t.iter().zip(&one[name]).any(|(v, tol)| v.abs() > 2.0 * tol));
+                assert!(seen, "step {s}: sample {} is below the tolerance", single.steps[s][i]);
+            }
+        }
+        // Both replicas took the same steps.
+        assert_eq!(replicas[0].adapters, replicas[1].adapters);
+    }
+}

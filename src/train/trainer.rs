@@ -22,10 +22,10 @@ use super::plot::{save_chart, Series};
 use super::replica::Replica;
 use super::run_dir;
 use super::update::{
-    complete, micro_batches, optimizer_step, reference_policy, StepGradient, StepLosses,
-    UpdateStats,
+    complete, micro_batches, optimizer_step, Gradients, StepGradient, StepLosses, UpdateStats,
 };
 use crate::error::{Error, Result};
+use crate::finite::no_overflow;
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::{save_grid, Image};
 use crate::model::precision::cast_params;
@@ -77,6 +77,9 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     pub replica: Replica,
 }
 
+/// Every replica's micro-batches of an optimizer step as `(rows, |micro-batch mean gradient|^2)`.
+type MicroNorms = Vec<(usize, f64)>;
+
 fn bar(len: usize, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len as u64);
     pb.set_style(
@@ -88,12 +91,14 @@ fn bar(len: usize, what: &str) -> ProgressBar {
     pb
 }
 
-/// Population mean and standard deviation (0, 0 for none).
-fn mean_std(values: &[f64]) -> (f64, f64) {
+/// Population mean and standard deviation of `what` (0, 0 for none); an error naming `what`
+/// when either overflows f64.
+fn mean_std(values: &[f64], what: &str) -> Result<(f64, f64)> {
     let n = values.len().max(1) as f64;
     let mean = values.iter().sum::<f64>() / n;
     let var = values.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
-    (mean, var.sqrt())
+    let mean = no_overflow(mean, "reward", || format!("the mean of {what}"))?;
+    Ok((mean, no_overflow(var.sqrt(), "reward", || format!("the deviation of {what}"))?))
 }
 
 impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
@@ -172,30 +177,29 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let mut seconds = batch.seconds;
         let (credit, updates) =
             timed::<B::InnerBackend, _>(&mut seconds.update, &device, "update", || {
-                batch.gather(&self.replica, &device)?;
-                let (objective, steps) =
-                    (&self.config.objective, self.config.rollout.window().len());
-                let credit = assign_credit(&batch.rewards, &batch.prompt_ids, objective, steps)?;
+                let credit = self.credit(&mut batch)?;
                 let updates = self.update(&batch, &credit, epoch, pb)?;
                 Ok((credit, updates))
             })?;
         let total = batch.rewards.len();
         self.epoch = epoch;
-        let (reward_mean, reward_std) = mean_std(&batch.rewards.finals());
+        let (reward_mean, reward_std) = mean_std(&batch.rewards.finals(), "the epoch's rewards")?;
+        let mut reward_terms = BTreeMap::new();
+        for (name, scores) in &batch.reward_terms {
+            let (mean, _) = mean_std(scores, &format!("the epoch's `{name}` scores"))?;
+            reward_terms.insert(name.clone(), mean);
+        }
         let noise = GradientNoise::mean(&updates.noise);
         Ok(EpochMetrics {
             epoch,
             objective: self.config.objective.objective.name().into(),
             reward_mean,
             reward_std,
-            reward_terms: batch
-                .reward_terms
-                .iter()
-                .map(|(k, v)| (k.clone(), mean_std(v).0))
-                .collect(),
+            reward_terms,
             credit: credit.stats,
             loss: LossStats::mean(&updates.loss),
-            grad_norm: mean_std(&updates.grad_norm).0,
+            grad_norm: updates.grad_norm.iter().sum::<f64>()
+                / updates.grad_norm.len().max(1) as f64,
             grad_signal_sq: noise.map(|e| e.signal_sq),
             grad_noise_trace: noise.map(|e| e.noise_trace),
             optimizer_steps: self.optimizer.step,
@@ -208,7 +212,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
 
     /// The collection phase: rollouts of this replica's share of epoch `epoch` with the
     /// current policy, and their rewards.
-    fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
+    pub(super) fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
         let policy = self.model.valid();
         let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
         let collector = Collector {
@@ -221,12 +225,18 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         collector.collect(epoch, &prompts, rows, pb)
     }
 
-    /// The update phase: the informative samples, in a seeded order, split evenly over
-    /// `optimizer_steps_per_epoch` steps; each replica sums the gradients of its own samples
-    /// of a step, micro-batch by micro-batch over every trained step, every sample weighing
-    /// `1 / (step samples x trained steps)`; the replicas' sums are added up (all-reduce),
-    /// then every replica clips, steps AdamW and updates the EMA alike.
-    fn update(
+    /// The credit phase: every replica's rewards gathered into `batch`, then the epoch's
+    /// credit from them.
+    pub(super) fn credit(&self, batch: &mut Batch<B::InnerBackend>) -> Result<EpochCredit> {
+        batch.gather(&self.replica, &batch.states[0].device())?;
+        let (objective, steps) = (&self.config.objective, self.config.rollout.window().len());
+        assign_credit(&batch.rewards, &batch.prompt_ids, objective, steps)
+    }
+
+    /// The update phase: one optimizer step per part of [`Trainer::step_samples`], on the
+    /// gradient of [`Trainer::step_gradient`] (the same on every replica); every replica
+    /// clips, steps AdamW and updates the EMA alike.
+    pub(super) fn update(
         &mut self,
         batch: &Batch<B::InnerBackend>,
         credit: &EpochCredit,
@@ -234,42 +244,15 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         pb: &ProgressBar,
     ) -> Result<UpdateStats> {
         let cfg = self.config.clone();
-        let mut order = credit.informative.clone();
-        SplitMix64(mix(cfg.seed, salt::UPDATE_ORDER + epoch as u64)).shuffle(&mut order);
-        let n = cfg.rollout.window().len();
-        let steps = cfg.optimizer_steps_per_epoch.min(order.len().max(1));
-        let chunks: Vec<&[usize]> = order.chunks(order.len().div_ceil(steps).max(1)).collect();
-        let own: Vec<Vec<usize>> = chunks
-            .iter()
-            .map(|c| c.iter().copied().filter(|i| batch.rows.contains(i)).collect())
-            .collect();
-        let parts: usize = own.iter().map(|o| micro_batches(o, cfg.train_batch).len()).sum();
-        pb.set_length((parts * n) as u64);
+        let steps = self.step_samples(credit, epoch);
+        let parts: usize =
+            steps.iter().map(|s| micro_batches(&batch.own(s), cfg.train_batch).len()).sum();
+        pb.set_length((parts * cfg.rollout.window().len()) as u64);
         pb.set_position(0);
-        let losses = StepLosses::<B> {
-            config: &cfg,
-            batch,
-            advantages: &credit.advantages,
-            reference: reference_policy(&self.model),
-            schedule: cfg.rollout.schedule()?,
-        };
-        let device = batch.states[0].device();
+        let losses = StepLosses::new(&cfg, batch, &credit.advantages, &self.model)?;
         let mut stats = UpdateStats::default();
-        for (chunk, own) in chunks.iter().zip(&own) {
-            let mut step = StepGradient::new(chunk.len());
-            for rows in micro_batches(own, cfg.train_batch) {
-                let scale = rows.len() as f64 / (chunk.len() * n) as f64;
-                let (share, loss) = losses.gradients(&self.model, rows, scale, pb)?;
-                step.add(rows.len(), share);
-                stats.loss.extend(loss.into_iter().map(|s| (rows.len(), s)));
-            }
-            let grads = self.replica.all_reduce(complete(&self.model, step.grads))?;
-            let micro = self.replica.all_gather::<B::InnerBackend>(
-                &step.micro_sq.iter().flat_map(|&(b, sq)| [b as f64, sq]).collect::<Vec<_>>(),
-                &device,
-            )?;
-            let micro: Vec<(usize, f64)> =
-                micro.concat().chunks(2).map(|p| (p[0] as usize, p[1])).collect();
+        for samples in &steps {
+            let (grads, micro) = self.step_gradient(&losses, samples, &mut stats.loss, pb)?;
             let (model, norm) = optimizer_step(
                 self.model.clone(),
                 &mut self.optimizer,
@@ -281,8 +264,53 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             stats.noise.extend(GradientNoise::estimate(&micro, norm * norm));
             stats.grad_norm.push(norm);
         }
-        stats.loss = self.gather_losses(&stats.loss, &device)?;
+        stats.loss = self.gather_losses(&stats.loss, &batch.states[0].device())?;
         Ok(stats)
+    }
+
+    /// The samples of each optimizer step of epoch `epoch`, all replicas' together: the
+    /// informative samples in a seeded order, split evenly over `optimizer_steps_per_epoch`
+    /// steps (fewer when there are fewer samples).
+    pub(super) fn step_samples(&self, credit: &EpochCredit, epoch: usize) -> Vec<Vec<usize>> {
+        let cfg = &self.config;
+        let mut order = credit.informative.clone();
+        SplitMix64(mix(cfg.seed, salt::UPDATE_ORDER + epoch as u64)).shuffle(&mut order);
+        let steps = cfg.optimizer_steps_per_epoch.min(order.len().max(1));
+        order.chunks(order.len().div_ceil(steps).max(1)).map(<[usize]>::to_vec).collect()
+    }
+
+    /// The gradient of one optimizer step over `samples` (all replicas' samples of the step):
+    ///
+    /// ```text
+    /// G = sum_{i in samples} grad loss_i / (|samples| n)
+    /// ```
+    ///
+    /// with `loss_i` summed over the `n` trained steps. Each replica sums the terms of its own
+    /// samples, micro-batch by micro-batch, and the replicas' sums are added up (all-reduce),
+    /// so every replica returns the same `G`; with it, every replica's micro-batches as
+    /// `(rows, |micro-batch mean|^2)` for the noise estimate. The micro-batches' loss
+    /// statistics are appended to `loss`.
+    pub(super) fn step_gradient(
+        &self,
+        losses: &StepLosses<'_, B>,
+        samples: &[usize],
+        loss: &mut Vec<(usize, LossStats)>,
+        pb: &ProgressBar,
+    ) -> Result<(Gradients<B::InnerBackend>, MicroNorms)> {
+        let n = self.config.rollout.window().len();
+        let own = losses.batch.own(samples);
+        let mut step = StepGradient::new(samples.len());
+        for rows in micro_batches(&own, self.config.train_batch) {
+            let scale = rows.len() as f64 / (samples.len() * n) as f64;
+            let (share, stats) = losses.gradients(&self.model, rows, scale, pb)?;
+            step.add(rows.len(), share);
+            loss.extend(stats.into_iter().map(|s| (rows.len(), s)));
+        }
+        let grads = self.replica.all_reduce(complete(&self.model, step.grads))?;
+        let device = losses.batch.states[0].device();
+        let flat: Vec<f64> = step.micro_sq.iter().flat_map(|&(b, sq)| [b as f64, sq]).collect();
+        let micro = self.replica.all_gather::<B::InnerBackend>(&flat, &device)?.concat();
+        Ok((grads, micro.chunks(2).map(|p| (p[0] as usize, p[1])).collect()))
     }
 
     /// Every replica's loss statistics with their sample counts, in rank order.

@@ -96,7 +96,19 @@ struct MicroBatch<'r, B: AutodiffBackend> {
     guide_ref: Guidance<B::InnerBackend>,
 }
 
-impl<B: AutodiffBackend> StepLosses<'_, B> {
+impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
+    /// The losses of `batch` with `advantages` under `config`, against the reference policy
+    /// of `model` (its adapters off).
+    pub fn new(
+        config: &'a TrainConfig,
+        batch: &'a Batch<B::InnerBackend>,
+        advantages: &'a [Vec<f64>],
+        model: &MMDiT<B>,
+    ) -> Result<Self> {
+        let schedule = config.rollout.schedule()?;
+        Ok(StepLosses { config, batch, advantages, reference: reference_policy(model), schedule })
+    }
+
     /// The gradients of one micro-batch (`rows`, samples of this replica's batch) summed over
     /// every trained step, each step's loss (a mean over the rows) scaled by `scale`, and the
     /// loss statistics of each step.

@@ -66,6 +66,44 @@ fn a_fresh_run_in_another_runs_folder_is_refused_and_nothing_is_mixed() {
     assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count(), 2);
 }
 
+/// A reward scoring every image 1e308: finite, but near f64's limit.
+struct Huge;
+
+impl tpgrpo::reward::Reward for Huge {
+    fn name(&self) -> &str {
+        "huge"
+    }
+    fn score(
+        &self,
+        images: &[tpgrpo::image::Image],
+        _: &[tpgrpo::reward::Prompt],
+    ) -> tpgrpo::Result<Vec<f64>> {
+        Ok(vec![1e308; images.len()])
+    }
+}
+
+/// Finite rewards of 1e308 pass the finite check, but the epoch's mean overflows: the run
+/// stops naming it (it used to write `null` into metrics.jsonl and fail the next resume),
+/// and nothing of the epoch is written. Both objectives: Flow-GRPO's group mean, TP-GRPO's
+/// mean of the final rewards for the metrics (its credit sees differences only, all 0).
+#[test]
+fn rewards_whose_sums_overflow_stop_the_run_naming_the_quantity() {
+    for (objective, message) in [
+        ("flow-grpo", "the mean of prompt"),
+        ("tp-grpo", "the mean of the epoch's rewards overflows"),
+    ] {
+        let out = common::scratch(&format!("rel-huge-{objective}"));
+        let cfg = config(&[&format!("objective.objective={objective}")]);
+        let mut t =
+            toy::trainer::<TrainBackend>(cfg, Box::new(Huge), &out, &Default::default()).unwrap();
+        let e = t.train(|_| {}).unwrap_err().to_string();
+        assert!(e.contains(message) && e.contains("overflows f64"), "{objective}: {e}");
+        assert!(!out.join("checkpoints").exists(), "{objective}: a checkpoint was written");
+        let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
+        assert!(!metrics.contains("null"), "{objective}: {metrics}");
+    }
+}
+
 #[test]
 fn divergence_stops_the_run_naming_the_adapter_before_a_checkpoint_is_written() {
     let out = common::scratch("rel-diverge");
