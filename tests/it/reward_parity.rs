@@ -78,8 +78,9 @@ fn aesthetic_matches_the_reference_mlp() {
     check(&reward.unwrap(), "aesthetic");
 }
 
-/// Both `preprocessor_config.json` forms read to the same steps, and the pixels equal
-/// transformers' PIL processor: the resize reproduces Pillow's fixed-point bicubic exactly, so
+/// Both `preprocessor_config.json` forms read to the same steps, and the pixels of every
+/// fixture image equal transformers' PIL processor (Pillow 13): the resize reproduces Pillow's
+/// fixed-point bicubic and its order of passes exactly, so
 /// the only differences left are float rounding of rescale and normalise (none expected: the
 /// same f64 then f32 operations).
 #[test]
@@ -91,14 +92,18 @@ fn preprocessing_matches_the_pil_processor() {
     assert_eq!(new.resize, Some(ResizeTo::ShortestEdge(32)));
     assert_eq!(new.crop, Some((32, 32)));
     let expected = WeightFiles::open(f.join("pixel_values.safetensors")).unwrap();
+    let names: Vec<String> = expected.keys().map(str::to_string).collect();
+    // The scored cases and the pixel-only images (tall and wide, either resize order).
+    assert!(cases().iter().all(|c| names.contains(&c.image)));
+    assert!(names.len() >= cases().len() + 9, "{names:?}");
     let mut worst = 0f32;
-    for case in cases() {
-        let image = load_png(&f.join("images").join(&case.image)).unwrap();
+    for name in &names {
+        let image = load_png(&f.join("images").join(name)).unwrap();
         let got = new.process_one(&image).unwrap();
-        let want = expected.read_f32(&case.image).unwrap();
-        assert_eq!(got.len(), want.len(), "{}", case.image);
+        let want = expected.read_f32(name).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
         let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        println!("{}: max |diff| {diff:.2e}", case.image);
+        println!("{name}: max |diff| {diff:.2e}");
         worst = worst.max(diff);
     }
     assert!(worst <= 1e-6, "pixel values differ from PIL's by up to {worst}");
