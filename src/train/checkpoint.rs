@@ -96,9 +96,19 @@ pub fn save<B: Backend>(
     for (n, t) in &ema.tensors {
         push("ema", n, t)?;
     }
-    for (n, m) in &optimizer.moments {
-        push("exp_avg", n, &m.exp_avg)?;
-        push("exp_avg_sq", n, &m.exp_avg_sq)?;
+    // Every factor's moments, zeros before its first step (what AdamW starts from), so that a
+    // checkpoint written before any step (an epoch without reward signal) resumes too.
+    for (n, t) in model.lora_tensors() {
+        match optimizer.moments.get(&n) {
+            Some(m) => {
+                push("exp_avg", &n, &m.exp_avg)?;
+                push("exp_avg_sq", &n, &m.exp_avg_sq)?;
+            }
+            None => {
+                push("exp_avg", &n, &t.zeros_like())?;
+                push("exp_avg_sq", &n, &t.zeros_like())?;
+            }
+        }
     }
     save_safetensors(&tmp.join("state.safetensors"), &tensors)?;
     let json = serde_json::to_string_pretty(state).expect("state serialises");
@@ -248,8 +258,17 @@ pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<Checkpoint<B>>
                     None
                 }
             };
-        let (e, m, v) =
-            (find(&mut ema, "ema"), find(&mut avg, "exp_avg"), find(&mut avg_sq, "exp_avg_sq"));
+        // Before the first optimizer step the moments are zeros by definition; checkpoints
+        // written then by earlier versions lack them.
+        let fresh = |group: &BTreeMap<String, Tensor<B, 2>>| {
+            state.optimizer_step == 0 && !group.contains_key(name)
+        };
+        let (m, v) = if fresh(&avg) && fresh(&avg_sq) {
+            (Some(t.zeros_like()), Some(t.zeros_like()))
+        } else {
+            (find(&mut avg, "exp_avg"), find(&mut avg_sq, "exp_avg_sq"))
+        };
+        let e = find(&mut ema, "ema");
         if let (Some(e), Some(m), Some(v)) = (e, m, v) {
             ema_out.push((name.clone(), e));
             moments.insert(name.clone(), Moments { exp_avg: m, exp_avg_sq: v });

@@ -163,6 +163,59 @@ fn resume_validates_the_whole_state_and_names_what_is_wrong() {
     assert!(e.contains("`ema.") && e.contains("NaN or infinite"), "{e}");
 }
 
+/// A reward that scores every image the same: no sample carries a signal, no step is taken.
+struct Constant;
+
+impl tpgrpo::reward::Reward for Constant {
+    fn name(&self) -> &str {
+        "constant"
+    }
+    fn score(
+        &self,
+        images: &[tpgrpo::image::Image],
+        _: &[tpgrpo::reward::Prompt],
+    ) -> tpgrpo::Result<Vec<f64>> {
+        Ok(vec![0.5; images.len()])
+    }
+}
+
+/// A checkpoint written before the first optimizer step (an epoch without reward signal, as
+/// a binary reward gives early on) resumes (issue 39, item 2): it holds zero moments, which
+/// is what AdamW starts from, and one written by an earlier version without any moments
+/// resumes too.
+#[test]
+fn a_checkpoint_written_before_any_optimizer_step_resumes() {
+    let out = common::scratch("rel-no-step");
+    let build = |epochs: usize| {
+        let cfg = config(&[&format!("epochs={epochs}")]);
+        toy::trainer::<TrainBackend>(cfg, Box::new(Constant), &out, &Default::default()).unwrap()
+    };
+    let history = build(1).train(|_| {}).unwrap();
+    assert_eq!(history[0].optimizer_steps, 0, "{history:?}");
+    let ckpt = out.join("checkpoints/epoch-00001");
+    let files = WeightFiles::open(ckpt.join("state.safetensors")).unwrap();
+    let moments: Vec<String> =
+        files.keys().filter(|k| k.starts_with("exp_avg")).map(str::to_string).collect();
+    assert_eq!(moments.len(), 2 * files.keys().filter(|k| k.starts_with("lora.")).count());
+    for k in &moments {
+        assert!(files.read_f32(k).unwrap().iter().all(|&v| v == 0.0), "{k}");
+    }
+    let saved = std::fs::read(ckpt.join("state.safetensors")).unwrap();
+    rewrite_state(&ckpt, |t| t.retain(|(k, _, _)| !k.starts_with("exp_avg")));
+    let mut old = build(2);
+    old.resume().expect("a step-0 checkpoint without moments resumes");
+    assert!(old.optimizer.moments.values().all(|m| {
+        let v: Vec<f32> = m.exp_avg.clone().into_data().to_vec().unwrap();
+        v.iter().all(|&x| x == 0.0)
+    }));
+    std::fs::write(ckpt.join("state.safetensors"), &saved).unwrap();
+    let mut t = build(2);
+    t.resume().unwrap();
+    assert_eq!(t.epoch, 1);
+    t.train(|_| {}).unwrap();
+    assert_eq!(t.epoch, 2);
+}
+
 #[test]
 fn resume_refuses_changes_that_break_exactness_naming_each_and_allows_harmless_ones() {
     let out = common::scratch("rel-settings");
