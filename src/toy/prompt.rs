@@ -170,6 +170,19 @@ impl Scene {
                 format!("prompt {:?}: 1 to 3 objects per group expected", prompt.text),
             ));
         }
+        for (i, g) in scene.include.iter().enumerate() {
+            if let Some((rel, anchor)) = g.position.filter(|&(_, anchor)| anchor >= i) {
+                return Err(Error::config(
+                    format!("metadata.include[{i}].position"),
+                    format!(
+                        "prompt {:?}: [{:?}, {anchor}] names group {anchor}, not an earlier \
+                         group (0..{i})",
+                        prompt.text,
+                        rel.words()
+                    ),
+                ));
+            }
+        }
         Ok(scene)
     }
 }

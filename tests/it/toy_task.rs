@@ -160,6 +160,24 @@ fn scorer_errors_and_non_finite_scores() {
     let img = Image { width: 32, height: 32, pixels: vec![0.0; 32 * 32 * 3] };
     let err = ToyScorer.score(std::slice::from_ref(&img), &[bad]).unwrap_err().to_string();
     assert!(err.contains("metadata") && err.contains("two red circles"), "{err}");
+    // A position naming a group that is not an earlier one (it used to index out of bounds
+    // and panic, in both rewards; issue 39, item 6).
+    for anchor in [5, 1] {
+        let metadata = serde_json::json!({"tag": "position", "include": [
+            {"class": "circle", "color": "red", "count": 1},
+            {"class": "square", "color": "blue", "count": 1, "position": ["above", anchor]},
+        ]});
+        let bad = Prompt { text: "a blue square above a red circle".into(), metadata };
+        let rewards: [&dyn Reward; 2] = [&ToyScorer, &tpgrpo::toy::ToyAlignment];
+        for reward in rewards {
+            let err = reward.score(std::slice::from_ref(&img), std::slice::from_ref(&bad));
+            let err = err.unwrap_err().to_string();
+            assert!(
+                err.contains("metadata.include[1].position") && err.contains("not an earlier"),
+                "{anchor}: {err}"
+            );
+        }
+    }
     struct Nan;
     impl Reward for Nan {
         fn name(&self) -> &str {
