@@ -134,6 +134,9 @@ fn remove_stale_pointers(root: &Path) {
     }
 }
 
+/// The largest `latest` pointer read: a checkpoint folder name with room to spare.
+const LATEST_MAX_BYTES: u64 = 64;
+
 /// Whether `name` is a checkpoint folder name, `epoch-NNNNN` (nothing that could leave the
 /// checkpoints folder).
 fn is_checkpoint_name(name: &str) -> bool {
@@ -145,11 +148,15 @@ fn is_checkpoint_name(name: &str) -> bool {
 /// `epoch-NNNNN` name; anything else, such as a path out of the folder, is refused), or, when
 /// `latest` is missing (a kill before it was first written), the newest complete
 /// `epoch-NNNNN/` folder.
+///
+/// `latest` must be a small regular file (a FIFO would block the read, a device or a link to
+/// one could be read without end), and an error never echoes more of it than a checkpoint
+/// name's length.
 pub fn latest(out_dir: &Path) -> Result<PathBuf> {
     let root = out_dir.join("checkpoints");
     let path = root.join("latest");
-    let name = match std::fs::read_to_string(&path) {
-        Ok(name) => name.trim().to_string(),
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return newest_complete(&root)?.ok_or_else(|| {
                 Error::format(&root, "holds no complete checkpoint (epoch-NNNNN/) to resume from")
@@ -157,6 +164,18 @@ pub fn latest(out_dir: &Path) -> Result<PathBuf> {
         }
         Err(e) => return Err(Error::io(&path, e)),
     };
+    if !meta.is_file() || meta.len() > LATEST_MAX_BYTES {
+        return Err(Error::format(
+            &path,
+            format!(
+                "is not the pointer this trainer writes (a regular file of at most \
+                 {LATEST_MAX_BYTES} bytes naming a checkpoint folder); remove it to resume from \
+                 the newest complete checkpoint"
+            ),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let name = String::from_utf8_lossy(&bytes).trim().to_string();
     if !is_checkpoint_name(&name) {
         return Err(Error::format(
             &path,
@@ -164,7 +183,7 @@ pub fn latest(out_dir: &Path) -> Result<PathBuf> {
         ));
     }
     let dir = root.join(&name);
-    if !dir.join("trainer_state.json").is_file() {
+    if !dir.is_dir() || !dir.join("trainer_state.json").is_file() {
         return Err(Error::format(
             &path,
             format!("names {}, which is not a checkpoint", dir.display()),

@@ -258,6 +258,25 @@ fn resume_falls_back_to_the_newest_complete_checkpoint_and_never_leaves_the_run_
         let e = trainer(config(&["epochs=3"]), &out).resume().unwrap_err().to_string();
         assert!(e.contains("not a checkpoint folder name"), "{evil}: {e}");
     }
+    // Not the pointer the trainer writes (issue 39, item 8): a FIFO (a read would block
+    // forever), a link to an endless device, a large file (whose content used to be echoed
+    // whole in the error), a folder. Each is refused at once without reading or echoing it.
+    for what in ["fifo", "device", "large", "folder"] {
+        let _ = std::fs::remove_file(&latest);
+        let _ = std::fs::remove_dir(&latest);
+        match what {
+            "fifo" => {
+                let made = std::process::Command::new("mkfifo").arg(&latest).status().unwrap();
+                assert!(made.success());
+            }
+            "device" => std::os::unix::fs::symlink("/dev/zero", &latest).unwrap(),
+            "large" => std::fs::write(&latest, "x".repeat(100_000)).unwrap(),
+            _ => std::fs::create_dir(&latest).unwrap(),
+        }
+        let e = trainer(config(&["epochs=3"]), &out).resume().unwrap_err().to_string();
+        assert!(e.contains("is not the pointer this trainer writes"), "{what}: {e}");
+        assert!(e.len() < 400, "{what}: {e}");
+    }
 }
 
 #[test]
