@@ -66,19 +66,19 @@ fn a_fresh_run_in_another_runs_folder_is_refused_and_nothing_is_mixed() {
     assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count(), 2);
 }
 
-/// A reward scoring every image 1e308: finite, but near f64's limit.
-struct Huge;
+/// A reward scoring every image the same value.
+struct Constant(f64);
 
-impl tpgrpo::reward::Reward for Huge {
+impl tpgrpo::reward::Reward for Constant {
     fn name(&self) -> &str {
-        "huge"
+        "constant"
     }
     fn score(
         &self,
         images: &[tpgrpo::image::Image],
         _: &[tpgrpo::reward::Prompt],
     ) -> tpgrpo::Result<Vec<f64>> {
-        Ok(vec![1e308; images.len()])
+        Ok(vec![self.0; images.len()])
     }
 }
 
@@ -95,7 +95,8 @@ fn rewards_whose_sums_overflow_stop_the_run_naming_the_quantity() {
         let out = common::scratch(&format!("rel-huge-{objective}"));
         let cfg = config(&[&format!("objective.objective={objective}")]);
         let mut t =
-            toy::trainer::<TrainBackend>(cfg, Box::new(Huge), &out, &Default::default()).unwrap();
+            toy::trainer::<TrainBackend>(cfg, Box::new(Constant(1e308)), &out, &Default::default())
+                .unwrap();
         let e = t.train(|_| {}).unwrap_err().to_string();
         assert!(e.contains(message) && e.contains("overflows f64"), "{objective}: {e}");
         assert!(!out.join("checkpoints").exists(), "{objective}: a checkpoint was written");
@@ -163,32 +164,17 @@ fn resume_validates_the_whole_state_and_names_what_is_wrong() {
     assert!(e.contains("`ema.") && e.contains("NaN or infinite"), "{e}");
 }
 
-/// A reward that scores every image the same: no sample carries a signal, no step is taken.
-struct Constant;
-
-impl tpgrpo::reward::Reward for Constant {
-    fn name(&self) -> &str {
-        "constant"
-    }
-    fn score(
-        &self,
-        images: &[tpgrpo::image::Image],
-        _: &[tpgrpo::reward::Prompt],
-    ) -> tpgrpo::Result<Vec<f64>> {
-        Ok(vec![0.5; images.len()])
-    }
-}
-
-/// A checkpoint written before the first optimizer step (an epoch without reward signal, as
-/// a binary reward gives early on) resumes (issue 39, item 2): it holds zero moments, which
-/// is what AdamW starts from, and one written by an earlier version without any moments
-/// resumes too.
+/// A checkpoint written before the first optimizer step (an epoch without reward signal: a
+/// constant reward here, as a binary reward gives early on) resumes (issue 39, item 2): it
+/// holds zero moments, which is what AdamW starts from, and one written by an earlier version
+/// without any moments resumes too.
 #[test]
 fn a_checkpoint_written_before_any_optimizer_step_resumes() {
     let out = common::scratch("rel-no-step");
     let build = |epochs: usize| {
         let cfg = config(&[&format!("epochs={epochs}")]);
-        toy::trainer::<TrainBackend>(cfg, Box::new(Constant), &out, &Default::default()).unwrap()
+        toy::trainer::<TrainBackend>(cfg, Box::new(Constant(0.5)), &out, &Default::default())
+            .unwrap()
     };
     let history = build(1).train(|_| {}).unwrap();
     assert_eq!(history[0].optimizer_steps, 0, "{history:?}");
