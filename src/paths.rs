@@ -1,5 +1,5 @@
-//! Paths named inside files (a sharded index's shard names, a checkpoint folder's `latest`):
-//! confined to the folder of the file that names them.
+//! Paths named inside files (a sharded index's shard names): confined to the folder of the
+//! file that names them.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 pub fn inside(dir: &Path, name: &str, listed_in: &Path) -> Result<PathBuf> {
     let path = Path::new(name);
     let plain = path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-    if name.is_empty() || !plain || !path.components().any(|c| matches!(c, Component::Normal(_))) {
+    if !plain || !path.components().any(|c| matches!(c, Component::Normal(_))) {
         return Err(Error::format(
             listed_in,
             format!(

@@ -228,7 +228,7 @@ mod tests {
     /// What a replica computed in epoch 1: the samples of each optimizer step, each step's
     /// gradient at the initial adapters, the terms of each step's samples (on one device
     /// only: the others hold a share of the states), and the adapters after the epoch's
-    /// update.
+    /// update (on the replicas only, which must agree).
     struct Epoch {
         steps: Vec<Vec<usize>>,
         gradients: Vec<Values>,
@@ -264,10 +264,11 @@ mod tests {
             }
         }
         drop(losses);
-        t.update(&batch, &credit, 1, &pb).unwrap();
-        let adapters = t.model.lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
-        let adapters = values(adapters.collect());
+        let mut adapters = Values::new();
         if replica.size > 1 {
+            t.update(&batch, &credit, 1, &pb).unwrap();
+            let lora = t.model.lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
+            adapters = values(lora.collect());
             replica.finish::<B>().unwrap();
         }
         Epoch { steps, gradients, terms, adapters }
@@ -315,8 +316,7 @@ mod tests {
         }
         for (s, terms) in single.terms.iter().enumerate() {
             let one = assert_sum_of_terms("one device", &single.gradients[s], terms);
-            let two = assert_sum_of_terms("two replicas", &replicas[0].gradients[s], terms);
-            assert_eq!(one, two, "the same tolerances");
+            assert_sum_of_terms("two replicas", &replicas[0].gradients[s], terms);
             assert_eq!(replicas[0].gradients[s], replicas[1].gradients[s], "replicas disagree");
             // Every term is larger than twice the tolerance somewhere: leaving one out, or
             // counting it twice, fails the check above.
@@ -328,6 +328,7 @@ mod tests {
             }
         }
         // Both replicas took the same steps.
+        assert!(!replicas[0].adapters.is_empty());
         assert_eq!(replicas[0].adapters, replicas[1].adapters);
     }
 }
