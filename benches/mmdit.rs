@@ -85,6 +85,8 @@ fn main() {
     let (bwd_first, bwd) = time(iters, || {
         let loss = forward(&lora, &x).powf_scalar(2.0).mean();
         let grads = loss.backward();
+        // GPU backends queue kernels: wait for the backward to finish, not only to be queued.
+        <backend::Backend as burn::prelude::Backend>::sync(&device).expect("device sync");
         drop(grads);
     });
 

@@ -1,7 +1,9 @@
-//! The compute backend, chosen by cargo feature: the only module that names NdArray, Cuda or Wgpu.
+//! The compute backend, chosen by cargo feature: the only module that names NdArray, Cuda, Wgpu
+//! or LibTorch.
 //!
-//! `cuda` wins over `wgpu`, which wins over the default `ndarray` (CPU). Everything else in the
-//! crate is generic over `B: Backend`; binaries and examples use these aliases.
+//! `cuda` wins over `wgpu`, which wins over `tch` (LibTorch: its first GPU when it was built with
+//! CUDA and one is there, else the CPU), which wins over the default `ndarray` (CPU). Everything
+//! else in the crate is generic over `B: Backend`; binaries and examples use these aliases.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +14,7 @@ mod selected {
     /// Human-readable name of the selected backend.
     pub const NAME: &str = "cuda";
     pub use super::cubecl_cache::use_kernel_cache;
+    pub use super::cubecl_devices::{device, device_count, on_gpu};
 }
 
 #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
@@ -21,9 +24,44 @@ mod selected {
     /// Human-readable name of the selected backend.
     pub const NAME: &str = "wgpu";
     pub use super::cubecl_cache::use_kernel_cache;
+    pub use super::cubecl_devices::{device, device_count, on_gpu};
 }
 
-#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+#[cfg(all(feature = "tch", not(any(feature = "cuda", feature = "wgpu"))))]
+mod selected {
+    /// The inference backend selected by the `tch` feature: LibTorch, f32 by default (bf16
+    /// through `precision`).
+    pub type Backend = burn::backend::LibTorch<f32>;
+    /// Human-readable name of the selected backend.
+    pub const NAME: &str = "tch";
+    use burn::backend::libtorch::LibTorchDevice;
+
+    /// LibTorch compiles nothing at run time: no cache.
+    pub fn use_kernel_cache(_dir: &std::path::Path) -> crate::Result<Option<std::path::PathBuf>> {
+        Ok(None)
+    }
+
+    /// The first GPU when this LibTorch was built with CUDA and sees one, else the CPU.
+    pub fn device() -> LibTorchDevice {
+        if tch::Cuda::is_available() {
+            LibTorchDevice::Cuda(0)
+        } else {
+            LibTorchDevice::Cpu
+        }
+    }
+
+    /// Whether `device` is a GPU.
+    pub fn on_gpu(device: &LibTorchDevice) -> bool {
+        matches!(device, LibTorchDevice::Cuda(_))
+    }
+
+    /// The GPUs LibTorch sees.
+    pub fn device_count(_first: &LibTorchDevice) -> usize {
+        tch::Cuda::device_count().max(0) as usize
+    }
+}
+
+#[cfg(not(any(feature = "cuda", feature = "wgpu", feature = "tch")))]
 mod selected {
     /// The inference backend of the default build: NdArray on the CPU.
     pub type Backend = burn::backend::NdArray;
@@ -34,8 +72,24 @@ mod selected {
     pub fn use_kernel_cache(_dir: &std::path::Path) -> crate::Result<Option<std::path::PathBuf>> {
         Ok(None)
     }
+
+    /// The CPU.
+    pub fn device() -> burn::backend::ndarray::NdArrayDevice {
+        Default::default()
+    }
+
+    /// Never: NdArray runs on the CPU.
+    pub fn on_gpu(_device: &burn::backend::ndarray::NdArrayDevice) -> bool {
+        false
+    }
+
+    /// One CPU.
+    pub fn device_count(_first: &burn::backend::ndarray::NdArrayDevice) -> usize {
+        1
+    }
 }
 
+use selected::{device_count, on_gpu};
 pub use selected::{Backend, NAME};
 
 /// The folder of the persistent kernel caches: `$TPGRPO_CACHE_DIR`, else
@@ -55,6 +109,29 @@ pub fn cache_dir() -> PathBuf {
 /// backend, which compiles and tunes nothing.
 pub fn use_kernel_cache(dir: &Path) -> crate::Result<Option<PathBuf>> {
     selected::use_kernel_cache(dir)
+}
+
+/// Devices of the CubeCL backends: every device is a GPU (lavapipe counts: it runs the GPU
+/// kernels), the first is the default.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cubecl_devices {
+    use super::{Backend, Device};
+    use burn::tensor::backend::Device as _;
+
+    /// The first GPU.
+    pub fn device() -> Device {
+        Device::default()
+    }
+
+    /// Always.
+    pub fn on_gpu(_device: &Device) -> bool {
+        true
+    }
+
+    /// The devices of `first`'s kind.
+    pub fn device_count(first: &Device) -> usize {
+        <Backend as burn::tensor::backend::Backend>::device_count(first.to_id().type_id)
+    }
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -83,10 +160,9 @@ mod cubecl_cache {
 }
 
 /// Bytes of memory of `device` where known: the host's ([`crate::limits::host_memory`]) for
-/// the CPU backend; `None` on the GPU backends (CubeCL 0.10 reports no total).
+/// a CPU device; `None` on GPUs (CubeCL 0.10 and tch report no total).
 pub fn memory(device: &Device) -> Option<u64> {
-    let _ = device;
-    if cfg!(any(feature = "cuda", feature = "wgpu")) {
+    if on_gpu(device) {
         None
     } else {
         crate::limits::host_memory()
@@ -101,7 +177,7 @@ pub type Device = burn::tensor::Device<Backend>;
 
 /// The default device of the selected backend (first GPU, or the CPU).
 pub fn device() -> Device {
-    Device::default()
+    selected::device()
 }
 
 /// The first `n` devices of the selected backend, for a data-parallel run; on the CPU `n`
@@ -110,11 +186,11 @@ pub fn device() -> Device {
 pub fn devices(n: usize) -> crate::Result<Vec<Device>> {
     use burn::tensor::backend::{Device as _, DeviceId};
     let first = device();
-    if !cfg!(any(feature = "cuda", feature = "wgpu")) {
+    if !on_gpu(&first) {
         return Ok(vec![first; n]);
     }
     let id = first.to_id();
-    let count = <Backend as burn::tensor::backend::Backend>::device_count(id.type_id);
+    let count = device_count(&first);
     if n > count {
         return Err(crate::Error::config(
             "devices",

@@ -273,8 +273,11 @@ fn toy_forward<B: Backend>(
 }
 
 /// The toy forward with bf16 base weights against the f32 one, the largest difference relative
-/// to the largest f32 output: bf16 rounds each operation to 2^-8 (3.9e-3), and 5e-2 of the
-/// output's scale allows that to accumulate over the blocks. Skipped where `B` has no bf16.
+/// to the largest f32 output: bf16 rounds each operation by up to u = 2^-9 (2.0e-3), and 0.1
+/// (50 u) of the output's scale allows that to accumulate over the blocks; a missing term moves
+/// the output by O(1). On the toy transformer ours differs as diffusers' bf16 model does
+/// (1.8e-2 and 1.95e-2 on the same normal inputs), and on inputs drawn as here diffusers'
+/// differs by up to 6.9e-2 (docs/gpu.md). Skipped where `B` has no bf16.
 fn toy_forward_bf16<B: Backend>(
     model: &crate::model::MMDiT<B>,
     batch: usize,
@@ -290,13 +293,13 @@ fn toy_forward_bf16<B: Backend>(
     finite("bf16 toy velocity", &got)?;
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
     let worst = got.iter().zip(&want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
-    if worst > 5e-2 {
+    if worst > 0.1 {
         return Err(Error::config(
             "doctor",
             format!("bf16 forward differs from f32 by {worst:.2e} of the output's scale"),
         ));
     }
-    Ok(format!("max difference {worst:.1e} of the output's scale (limit 5e-2)"))
+    Ok(format!("max difference {worst:.1e} of the output's scale (limit 0.1)"))
 }
 
 fn lora_backward<B: AutodiffBackend>(

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
-    /// bf16 where the backend computes it (CUDA; wgpu on GPUs that have it), f32 elsewhere.
+    /// bf16 where a GPU computes it (CUDA, LibTorch on CUDA, wgpu on GPUs that have it), f32
+    /// on CPUs (LibTorch computes bf16 there too, but slower than f32).
     Auto,
     /// f32 everywhere.
     F32,
@@ -31,9 +32,12 @@ impl Precision {
     /// compute bf16 (NdArray, most Vulkan drivers) is an error naming the setting.
     pub fn resolve<B: Backend>(self, device: &B::Device) -> Result<FloatDType> {
         let bf16 = B::supports_dtype(device, DType::BF16);
+        // LibTorch names its CPU device `libtorch<cpu>` (`autodiff<libtorch<cpu>>` under
+        // autodiff); the other CPU backend, NdArray, has no bf16.
+        let gpu = !B::name(device).contains("<cpu>");
         match self {
             Precision::F32 => Ok(FloatDType::F32),
-            Precision::Auto => Ok(if bf16 { FloatDType::BF16 } else { FloatDType::F32 }),
+            Precision::Auto => Ok(if bf16 && gpu { FloatDType::BF16 } else { FloatDType::F32 }),
             Precision::Bf16 if bf16 => Ok(FloatDType::BF16),
             Precision::Bf16 => Err(Error::config(
                 "precision",
