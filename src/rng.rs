@@ -75,13 +75,22 @@ pub fn gaussian(seed: u64, stream: u64, count: usize) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    /// Hand-worked: with two items, one draw `range(0, 1)` decides the swap.
+    /// The published SplitMix64 sequence from seed 0 (Vigna's reference `splitmix64.c`).
     #[test]
-    fn shuffle_of_two_follows_the_first_draw() {
-        let swaps = SplitMix64(3).range(0, 1) == 1;
-        let mut v = [10, 20];
+    fn next_u64_follows_the_reference_sequence() {
+        let mut rng = SplitMix64(0);
+        let got = [rng.next_u64(), rng.next_u64(), rng.next_u64()];
+        assert_eq!(got, [0xE220_A839_7B1D_CDAF, 0x6E78_9E6A_A1B9_65F4, 0x06C4_5D18_8009_454F]);
+    }
+
+    /// Hand-worked from the reference sequence of seed 3 (2092789425003139053,
+    /// 12918135221727111561, 11307387092600937729): position 0 takes 0 + d0 mod 4 = 1, position 1
+    /// takes 1 + d1 mod 3 = 1 (stays), position 2 takes 2 + d2 mod 2 = 3.
+    #[test]
+    fn shuffle_of_four_follows_hand_worked_draws() {
+        let mut v = [10, 20, 30, 40];
         SplitMix64(3).shuffle(&mut v);
-        assert_eq!(v, if swaps { [20, 10] } else { [10, 20] });
+        assert_eq!(v, [20, 10, 40, 30]);
     }
 
     /// Every position of a 3-item shuffle sees every item about a third of the time.
