@@ -12,7 +12,6 @@
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use indicatif::ProgressBar;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::image::Image;
 use tpgrpo::model::precision::dtype_name;
@@ -122,7 +121,7 @@ fn main() {
     );
     println!("epoch   rollouts   completions   decode+reward   update     total   (seconds)");
     for _ in 0..2 {
-        let m = trainer.run_epoch(&ProgressBar::hidden()).expect("epoch");
+        let m = trainer.run_epoch(&mut tpgrpo::train::Silent).expect("epoch");
         let p = m.phase_seconds;
         println!(
             "{:5} {:10.2} {:13.2} {:15.2} {:8.2} {:9.2}   NFE per sample {:.0}, {} samples trained",

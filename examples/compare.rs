@@ -12,7 +12,7 @@ use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy;
 use tpgrpo::train::plot::{save_chart, Series};
-use tpgrpo::train::{noise_scale, run_dir, EpochMetrics};
+use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Observer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -66,11 +66,8 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
     run_dir::claim(&out, start)?;
     let reward = toy::reward(&args.reward)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
-    let history: Vec<EpochMetrics> = trainer.train(|m| {
-        if let Some(r) = m.eval_reward {
-            println!("  {objective} seed {seed} epoch {:3}: held-out {r:.4}", m.epoch);
-        }
-    })?;
+    let mut progress = HeldOut { label: format!("{objective} seed {seed}") };
+    let history: Vec<EpochMetrics> = trainer.train(&mut progress)?;
     let trained = &history[1..];
     let evaluated: Vec<&EpochMetrics> =
         history.iter().filter(|m| m.eval_reward.is_some()).collect();
@@ -194,4 +191,18 @@ fn first_last(args: &Args) -> tpgrpo::Result<()> {
     }
     let path = args.out.join("first-last.png");
     out.save(&path).map_err(|e| tpgrpo::Error::format(&path, e.to_string()))
+}
+
+/// Prints each held-out evaluation of a run as it comes.
+struct HeldOut {
+    label: String,
+}
+
+impl Observer for HeldOut {
+    fn epoch(&mut self, m: &EpochMetrics, _: &[EpochMetrics]) -> tpgrpo::Result<()> {
+        if let Some(r) = m.eval_reward {
+            println!("  {} epoch {:3}: held-out {r:.4}", self.label, m.epoch);
+        }
+        Ok(())
+    }
 }

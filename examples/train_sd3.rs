@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::precision::dtype_name;
 use tpgrpo::model::MMDiT;
@@ -20,8 +21,9 @@ use tpgrpo::prompts::PromptSet;
 use tpgrpo::reward::{load_rewards, Report, Reward};
 use tpgrpo::sampler::TextToImage;
 use tpgrpo::toy::{self, ToyChecks};
-use tpgrpo::train::parallel;
-use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
+use tpgrpo::train::plot::save_reward_curve;
+use tpgrpo::train::{noise_scale, parallel, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
+use tpgrpo::train::{Observer, Phase};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -102,6 +104,7 @@ where
         + 'static,
 {
     let devices = backend::devices(config.devices)?;
+    let console = Console::new(config.epochs, out);
     let (settings, specs, resume, out) =
         (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
     parallel::train::<TrainBackend, _, _, _>(
@@ -120,8 +123,62 @@ where
             }
             Ok(trainer)
         },
-        print_epoch,
+        console,
     )
+}
+
+/// What a run shows: progress bars on stderr, a line per epoch on stdout, and
+/// `reward_curve.png` redrawn after every epoch.
+struct Console {
+    bars: MultiProgress,
+    epochs: ProgressBar,
+    phase: ProgressBar,
+    curve: PathBuf,
+}
+
+impl Console {
+    fn new(epochs: usize, out: &Path) -> Self {
+        let bars = MultiProgress::new();
+        let bar = |len: usize, what: &str| {
+            let style = ProgressStyle::with_template(
+                "{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> ");
+            let pb = bars.add(ProgressBar::new(len as u64).with_style(style));
+            pb.set_prefix(what.to_string());
+            pb
+        };
+        let (epochs, phase) = (bar(epochs, "epochs"), bar(0, "epoch"));
+        Console { bars, epochs, phase, curve: out.join("reward_curve.png") }
+    }
+}
+
+impl Observer for Console {
+    fn phase(&mut self, _epoch: usize, phase: Phase, total: usize) {
+        self.phase.set_length(total as u64);
+        self.phase.set_position(0);
+        self.phase.set_message(match phase {
+            Phase::Rollouts => "rollouts",
+            Phase::Updates => "updates",
+            Phase::Evaluation => "evaluation",
+        });
+    }
+
+    fn advance(&mut self, done: usize) {
+        self.phase.inc(done as u64);
+    }
+
+    fn epoch(&mut self, m: &EpochMetrics, history: &[EpochMetrics]) -> tpgrpo::Result<()> {
+        self.bars.suspend(|| print_epoch(m));
+        self.epochs.set_position(m.epoch as u64);
+        self.epochs.set_message(format!("reward {:.3}", m.reward_mean));
+        if self.epochs.position() >= self.epochs.length().unwrap_or(0) {
+            self.phase.finish_and_clear();
+            self.epochs.finish_and_clear();
+        }
+        save_reward_curve(&self.curve, history)
+    }
 }
 
 /// The report's rates as `name value` pairs.

@@ -61,7 +61,13 @@ mod selected {
     }
 }
 
-#[cfg(not(any(feature = "cuda", feature = "wgpu", feature = "tch")))]
+#[cfg(not(any(feature = "ndarray", feature = "cuda", feature = "wgpu", feature = "tch")))]
+compile_error!(
+    "tpgrpo needs a backend: enable one of the features `ndarray` (CPU, the default), `cuda`, \
+     `wgpu` or `tch`"
+);
+
+#[cfg(all(feature = "ndarray", not(any(feature = "cuda", feature = "wgpu", feature = "tch"))))]
 mod selected {
     /// The inference backend of the default build: NdArray on the CPU.
     pub type Backend = burn::backend::NdArray;

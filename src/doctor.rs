@@ -361,7 +361,7 @@ fn toy_epoch<B: AutodiffBackend>(device: &B::Device) -> crate::Result<String> {
     let dir = std::env::temp_dir().join(format!("tpgrpo-doctor-{}", std::process::id()));
     let config = toy::train_config().with_epochs(1).with_eval_every(0).with_save_every(0);
     let mut trainer = toy::trainer::<B>(config, toy::reward("toy-alignment")?, &dir, device)?;
-    let result = trainer.run_epoch(&indicatif::ProgressBar::hidden());
+    let result = trainer.run_epoch(&mut crate::train::Silent);
     remove_scratch(&dir);
     let m = result?;
     Ok(format!("reward {:.4}, {} turning points", m.reward_mean, m.credit.turning_points))

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use burn::prelude::*;
-use indicatif::ProgressBar;
 
 use super::config::TrainConfig;
 use super::metrics::{timed, PhaseSeconds};
+use super::observe::{Observer, Phase};
 use super::replica::Replica;
 use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
@@ -121,7 +121,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         epoch: usize,
         prompts: &[Prompt],
         rows: Range<usize>,
-        pb: &ProgressBar,
+        observer: &mut dyn Observer,
     ) -> Result<Batch<B>> {
         let cfg = self.config;
         let device = self.policy.devices()[0].clone();
@@ -137,8 +137,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         let mut rewards = RewardRows::empty(cfg.objective.objective);
         let mut nfe = 0;
         let mut reward_terms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        pb.set_length(rows.len() as u64);
-        pb.set_position(0);
+        observer.phase(epoch, Phase::Rollouts, rows.len());
         for start in rows.clone().step_by(cfg.rollout_batch) {
             let chunk_rows: Vec<usize> =
                 (start..(start + cfg.rollout_batch).min(rows.end)).collect();
@@ -164,7 +163,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             for (j, lp) in r.log_probs.into_iter().enumerate() {
                 old[j].push(lp);
             }
-            pb.inc(chunk_rows.len() as u64);
+            observer.advance(chunk_rows.len());
         }
         Ok(Batch {
             rows,

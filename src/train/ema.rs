@@ -46,7 +46,7 @@ impl<B: Backend> Ema<B> {
                 "the averaged tensors are not the trained ones",
             ));
         }
-        if step % self.config.every != 0 {
+        if !step.is_multiple_of(self.config.every) {
             return Ok(false);
         }
         let d = self.decay(step);

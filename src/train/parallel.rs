@@ -19,6 +19,7 @@ use burn::collective::{reset_collective, CollectiveConfig};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::metrics::EpochMetrics;
+use super::observe::{Observer, Silent};
 use super::replica::Replica;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
@@ -89,17 +90,17 @@ pub fn orchestrate(port: u16) -> Result<()> {
 /// that only the lead rewrites the metrics); `on_epoch` sees the lead replica's metrics lines. The first replica error
 /// stops the run: the collective is reset, so replicas waiting in it fail at once, and the
 /// others get [`STOP_WAIT`] to stop before the error is returned.
-pub fn train<B, P, F, E>(
+pub fn train<B, P, F, O>(
     devices: Vec<B::Device>,
     nodes: Option<Nodes>,
     build: F,
-    on_epoch: E,
+    observer: O,
 ) -> Result<Vec<EpochMetrics>>
 where
     B: AutodiffBackend,
     P: TextToImage<B::InnerBackend>,
     F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
-    E: FnMut(&EpochMetrics) + Send + 'static,
+    O: Observer + Send + 'static,
 {
     if devices.is_empty() {
         return Err(Error::config("devices", "at least one device"));
@@ -113,11 +114,11 @@ where
     let build = std::sync::Arc::new(build);
     let (done, results) = mpsc::channel();
     let first = node * devices.len();
-    let mut on_epoch = Some(on_epoch);
+    let mut observer = Some(observer);
     for (d, device) in devices.into_iter().enumerate() {
         let replica = Replica { rank: first + d, size };
         let (build, done, config) = (build.clone(), done.clone(), config.clone());
-        let lead_epoch = on_epoch.take();
+        let lead_observer = observer.take();
         std::thread::Builder::new()
             .name(format!("replica-{}", replica.rank))
             .spawn(move || {
@@ -126,9 +127,9 @@ where
                         replica.register::<B::InnerBackend>(&device, config)?;
                     }
                     let mut trainer = build(replica, &device)?.with_replica(replica);
-                    let history = match lead_epoch {
-                        Some(mut f) => trainer.train(&mut f)?,
-                        None => trainer.train(|_| {})?,
+                    let history = match lead_observer {
+                        Some(mut observer) => trainer.train(&mut observer)?,
+                        None => trainer.train(&mut Silent)?,
                     };
                     if size > 1 {
                         replica.finish::<B::InnerBackend>()?;
@@ -192,12 +193,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     use burn::collective::CollectiveConfig;
-    use indicatif::ProgressBar;
 
     use crate::backend::{Backend as B, TrainBackend};
     use crate::toy::{self, ToyAlignment};
     use crate::train::update::{Gradients, StepLosses};
-    use crate::train::{Replica, TrainConfig};
+    use crate::train::{Replica, Silent, TrainConfig};
 
     /// Tensors by name, as f32 values.
     type Values = BTreeMap<String, Vec<f32>>;
@@ -246,27 +246,27 @@ mod tests {
         let mut t = toy::trainer::<TrainBackend>(config(), Box::new(ToyAlignment), out, &device)
             .unwrap()
             .with_replica(replica);
-        let pb = ProgressBar::hidden();
-        let mut batch = t.collect(1, &pb).unwrap();
+        let mut batch = t.collect(1, &mut Silent).unwrap();
         let credit = t.credit(&mut batch).unwrap();
         let steps = t.step_samples(&credit, 1);
         let cfg = t.config.clone();
         let losses = StepLosses::new(&cfg, &batch, &credit.advantages, &t.model).unwrap();
         let (mut gradients, mut terms) = (Vec::new(), Vec::new());
         for samples in &steps {
-            let (g, _) = t.step_gradient(&losses, samples, &mut Vec::new(), &pb).unwrap();
+            let (g, _) = t.step_gradient(&losses, samples, &mut Vec::new(), &mut Silent).unwrap();
             gradients.push(values(g));
             if replica.size == 1 {
                 // Every sample weighs 1 / (step samples x trained steps).
                 let scale = 1.0 / (samples.len() * cfg.rollout.window().len()) as f64;
-                let term = |i| values(losses.gradients(&t.model, &[i], scale, &pb).unwrap().0);
+                let term =
+                    |i| values(losses.gradients(&t.model, &[i], scale, &mut Silent).unwrap().0);
                 terms.push(samples.iter().map(|&i| term(i)).collect());
             }
         }
         drop(losses);
         let mut adapters = Values::new();
         if replica.size > 1 {
-            t.update(&batch, &credit, 1, &pb).unwrap();
+            t.update(&batch, &credit, 1, &mut Silent).unwrap();
             let lora = t.model.lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
             adapters = values(lora.collect());
             replica.finish::<B>().unwrap();

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use image::{Rgb, RgbImage};
 
+use super::metrics::EpochMetrics;
 use crate::error::Result;
 use crate::image::write_png;
 
@@ -119,4 +120,20 @@ pub fn save_chart(path: &Path, series: &[Series]) -> Result<()> {
         }
     }
     write_png(&img, path)
+}
+
+/// The reward curve of a run: the training reward per epoch (blue) and the held-out reward
+/// where it was evaluated (red), as `train_sd3` writes `reward_curve.png`.
+pub fn save_reward_curve(path: &Path, history: &[EpochMetrics]) -> Result<()> {
+    let train: Vec<(f64, f64)> =
+        history.iter().filter(|m| m.epoch > 0).map(|m| (m.epoch as f64, m.reward_mean)).collect();
+    let eval: Vec<(f64, f64)> =
+        history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch as f64, r))).collect();
+    save_chart(
+        path,
+        &[
+            Series { color: [70, 110, 220], points: train },
+            Series { color: [220, 80, 40], points: eval },
+        ],
+    )
 }

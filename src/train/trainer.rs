@@ -8,7 +8,6 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use super::checkpoint::{self, RunRecord, TrainerState};
 use super::collect::{epoch_prompts, Batch, Collector};
@@ -17,8 +16,8 @@ use super::ema::Ema;
 use super::evaluate::{Evaluation, Evaluator};
 use super::metrics::{read_metrics, timed, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
+use super::observe::{Observer, Phase};
 use super::optim::AdamW;
-use super::plot::{save_chart, Series};
 use super::replica::Replica;
 use super::run_dir;
 use super::update::{
@@ -79,17 +78,6 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
 
 /// Every replica's micro-batches of an optimizer step as `(rows, |micro-batch mean gradient|^2)`.
 type MicroNorms = Vec<(usize, f64)>;
-
-fn bar(len: usize, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb.set_prefix(what.to_string());
-    pb
-}
 
 /// Population mean and standard deviation of `what` (0, 0 for none); an error naming `what`
 /// when either overflows f64.
@@ -167,18 +155,16 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// Runs one epoch: collection, credit, update; returns its metrics (without evaluation).
-    pub fn run_epoch(&mut self, pb: &ProgressBar) -> Result<EpochMetrics> {
+    pub fn run_epoch(&mut self, observer: &mut dyn Observer) -> Result<EpochMetrics> {
         let started = Instant::now();
         let epoch = self.epoch + 1;
-        pb.set_message("rollouts");
-        let mut batch = self.collect(epoch, pb)?;
-        pb.set_message("updates");
+        let mut batch = self.collect(epoch, observer)?;
         let device = batch.states[0].device();
         let mut seconds = batch.seconds;
         let (credit, updates) =
             timed::<B::InnerBackend, _>(&mut seconds.update, &device, "update", || {
                 let credit = self.credit(&mut batch)?;
-                let updates = self.update(&batch, &credit, epoch, pb)?;
+                let updates = self.update(&batch, &credit, epoch, observer)?;
                 Ok((credit, updates))
             })?;
         let total = batch.rewards.len();
@@ -212,7 +198,11 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
 
     /// The collection phase: rollouts of this replica's share of epoch `epoch` with the
     /// current policy, and their rewards.
-    pub(super) fn collect(&self, epoch: usize, pb: &ProgressBar) -> Result<Batch<B::InnerBackend>> {
+    pub(super) fn collect(
+        &self,
+        epoch: usize,
+        observer: &mut dyn Observer,
+    ) -> Result<Batch<B::InnerBackend>> {
         let policy = self.model.valid();
         let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
         let collector = Collector {
@@ -222,7 +212,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             reward: self.reward.as_ref(),
         };
         let rows = self.replica.share(self.config.prompts_per_epoch * self.config.group_size);
-        collector.collect(epoch, &prompts, rows, pb)
+        collector.collect(epoch, &prompts, rows, observer)
     }
 
     /// The credit phase: every replica's rewards gathered into `batch`, then the epoch's
@@ -241,18 +231,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         batch: &Batch<B::InnerBackend>,
         credit: &EpochCredit,
         epoch: usize,
-        pb: &ProgressBar,
+        observer: &mut dyn Observer,
     ) -> Result<UpdateStats> {
         let cfg = self.config.clone();
         let steps = self.step_samples(credit, epoch);
         let parts: usize =
             steps.iter().map(|s| micro_batches(&batch.own(s), cfg.train_batch).len()).sum();
-        pb.set_length((parts * cfg.rollout.window().len()) as u64);
-        pb.set_position(0);
+        observer.phase(epoch, Phase::Updates, parts * cfg.rollout.window().len());
         let losses = StepLosses::new(&cfg, batch, &credit.advantages, &self.model)?;
         let mut stats = UpdateStats::default();
         for samples in &steps {
-            let (grads, micro) = self.step_gradient(&losses, samples, &mut stats.loss, pb)?;
+            let (grads, micro) = self.step_gradient(&losses, samples, &mut stats.loss, observer)?;
             let (model, norm) = optimizer_step(
                 self.model.clone(),
                 &mut self.optimizer,
@@ -295,14 +284,14 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         losses: &StepLosses<'_, B>,
         samples: &[usize],
         loss: &mut Vec<(usize, LossStats)>,
-        pb: &ProgressBar,
+        observer: &mut dyn Observer,
     ) -> Result<(Gradients<B::InnerBackend>, MicroNorms)> {
         let n = self.config.rollout.window().len();
         let own = losses.batch.own(samples);
         let mut step = StepGradient::new(samples.len());
         for rows in micro_batches(&own, self.config.train_batch) {
             let scale = rows.len() as f64 / (samples.len() * n) as f64;
-            let (share, stats) = losses.gradients(&self.model, rows, scale, pb)?;
+            let (share, stats) = losses.gradients(&self.model, rows, scale, observer)?;
             step.add(rows.len(), share);
             loss.extend(stats.into_iter().map(|s| (rows.len(), s)));
         }
@@ -444,10 +433,10 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         write_metrics(&path, &kept)
     }
 
-    /// Runs epochs until `config.epochs`, evaluating, logging, plotting and checkpointing;
-    /// `on_epoch` sees every metrics line. Of a data-parallel run's replicas only the lead
+    /// Runs epochs until `config.epochs`, evaluating, logging and checkpointing; `observer`
+    /// sees each phase and every metrics line. Of a data-parallel run's replicas only the lead
     /// evaluates and writes; the others train alongside.
-    pub fn train(&mut self, mut on_epoch: impl FnMut(&EpochMetrics)) -> Result<Vec<EpochMetrics>> {
+    pub fn train(&mut self, observer: &mut dyn Observer) -> Result<Vec<EpochMetrics>> {
         let cfg = self.config.clone();
         let lead = self.replica.is_lead();
         let start = if self.epoch > 0 { run_dir::Start::Resume } else { run_dir::Start::Fresh };
@@ -458,6 +447,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             history = read_metrics(&metrics_path)?;
         }
         if lead && self.epoch == 0 && cfg.eval_every > 0 {
+            observer.phase(0, Phase::Evaluation, 0);
             let eval = self.evaluate()?;
             self.save_samples(0, &eval.images)?;
             let start = EpochMetrics {
@@ -466,38 +456,27 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 eval_report: eval.report,
                 ..EpochMetrics::default()
             };
-            on_epoch(&start);
             history = vec![start];
             write_metrics(&metrics_path, &history)?;
+            observer.epoch(&history[0], &history)?;
         }
-        let shown = |len, what| if lead { bar(len, what) } else { ProgressBar::hidden() };
-        let epochs = shown(cfg.epochs, "epochs");
-        epochs.set_position(self.epoch as u64);
-        let inner = shown(1, "epoch");
         while self.epoch < cfg.epochs {
-            let mut m = self.run_epoch(&inner)?;
+            let mut m = self.run_epoch(observer)?;
             let last = self.epoch == cfg.epochs;
-            if lead && cfg.eval_every > 0 && (self.epoch % cfg.eval_every == 0 || last) {
-                inner.set_message("evaluation");
+            if lead && cfg.eval_every > 0 && (self.epoch.is_multiple_of(cfg.eval_every) || last) {
+                observer.phase(self.epoch, Phase::Evaluation, 0);
                 let eval = self.evaluate()?;
                 self.save_samples(self.epoch, &eval.images)?;
                 (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
             }
-            history.push(m.clone());
+            history.push(m);
             if lead {
                 write_metrics(&metrics_path, &history)?;
-                if (cfg.save_every > 0 && self.epoch % cfg.save_every == 0) || last {
+                if (cfg.save_every > 0 && self.epoch.is_multiple_of(cfg.save_every)) || last {
                     self.save_checkpoint()?;
                 }
             }
-            epochs.inc(1);
-            epochs.set_message(format!("reward {:.3}", m.reward_mean));
-            on_epoch(&m);
-        }
-        inner.finish_and_clear();
-        epochs.finish_and_clear();
-        if lead {
-            self.save_curves(&history)?;
+            observer.epoch(&history[history.len() - 1], &history)?;
         }
         Ok(history)
     }
@@ -506,22 +485,5 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let dir = self.out_dir.join("samples");
         let shown = &images[..images.len().min(64)];
         save_grid(&dir.join(format!("epoch-{epoch:05}.png")), shown, 8, 4)
-    }
-
-    fn save_curves(&self, history: &[EpochMetrics]) -> Result<()> {
-        let train: Vec<(f64, f64)> = history
-            .iter()
-            .filter(|m| m.epoch > 0)
-            .map(|m| (m.epoch as f64, m.reward_mean))
-            .collect();
-        let eval: Vec<(f64, f64)> =
-            history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch as f64, r))).collect();
-        save_chart(
-            &self.out_dir.join("reward_curve.png"),
-            &[
-                Series { color: [70, 110, 220], points: train },
-                Series { color: [220, 80, 40], points: eval },
-            ],
-        )
     }
 }

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use indicatif::ProgressBar;
 
 use super::collect::Batch;
 use super::config::TrainConfig;
 use super::ema::Ema;
 use super::noise_scale::GradientNoise;
+use super::observe::Observer;
 use super::optim::{clip_global_norm, squared_norm, AdamW};
 use crate::error::Result;
 use crate::finite::ensure_finite;
@@ -117,7 +117,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
         model: &MMDiT<B>,
         rows: &[usize],
         scale: f64,
-        pb: &ProgressBar,
+        observer: &mut dyn Observer,
     ) -> Result<(Gradients<B::InnerBackend>, Vec<LossStats>)> {
         let (batch, b, g) = (self.batch, rows.len(), self.config.rollout.guidance);
         let ids: Vec<usize> = rows.iter().map(|&i| batch.prompt_ids[i]).collect();
@@ -138,7 +138,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
                 }
             }
             stats.push(s);
-            pb.inc(1);
+            observer.advance(1);
         }
         Ok((grads, stats))
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::reward::{Prompt, Reward};
 use tpgrpo::toy::{self, ToyAlignment, ToyPipeline};
+use tpgrpo::train::Silent;
 use tpgrpo::train::{parallel, EpochMetrics, Replica, TrainConfig, Trainer};
 
 static COLLECTIVE: Mutex<()> = Mutex::new(());
@@ -56,7 +57,7 @@ fn two_replicas(out: &Path) -> tpgrpo::Result<Vec<EpochMetrics>> {
         vec![Default::default(); 2],
         None,
         move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
-        |_| {},
+        Silent,
     )
 }
 
@@ -74,7 +75,7 @@ fn two_replicas(out: &Path) -> tpgrpo::Result<Vec<EpochMetrics>> {
 fn two_replicas_run_the_single_device_epochs() {
     let _turn = turn();
     let single = common::scratch("dp-single");
-    let one = trainer(config(), &single).train(|_| {}).unwrap();
+    let one = trainer(config(), &single).train(&mut Silent).unwrap();
     let double = common::scratch("dp-double");
     let two = two_replicas(&double).unwrap();
     assert_first_epoch_like_one_device(&one, &two);
@@ -115,7 +116,7 @@ fn free_port() -> u16 {
 fn two_nodes_train_like_one_device() {
     let _turn = turn();
     let single = common::scratch("dp-nodes-single");
-    let one = trainer(config(), &single).train(|_| {}).unwrap();
+    let one = trainer(config(), &single).train(&mut Silent).unwrap();
     let out = common::scratch("dp-nodes");
     let port = free_port();
     std::thread::spawn(move || parallel::orchestrate(port));
@@ -167,7 +168,7 @@ fn node() {
         vec![Default::default()],
         Some(nodes),
         move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
-        |_| {},
+        Silent,
     )
     .unwrap();
 }
@@ -249,7 +250,7 @@ fn a_failing_replica_stops_the_run() {
                 if replica.rank == 1 { Box::new(Broken) } else { Box::new(ToyAlignment) };
             toy::trainer(config(), reward, &dir, device)
         },
-        |_| {},
+        Silent,
     )
     .unwrap_err()
     .to_string();

@@ -15,6 +15,7 @@ mod grpo_loss;
 mod lora;
 mod mmdit_load;
 mod mmdit_parity;
+mod package;
 mod pipeline_parity;
 mod precision;
 mod reliability;

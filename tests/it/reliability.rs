@@ -9,6 +9,7 @@ use std::path::Path;
 
 use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::toy::{self, ToyPipeline, ToyScorer};
+use tpgrpo::train::Silent;
 use tpgrpo::train::{TrainConfig, Trainer};
 use tpgrpo::weights::{save_safetensors, WeightFiles};
 
@@ -54,15 +55,15 @@ fn trainer_error(cfg: TrainConfig, out: &Path) -> String {
 #[test]
 fn a_fresh_run_in_another_runs_folder_is_refused_and_nothing_is_mixed() {
     let out = common::scratch("rel-folder");
-    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    trainer(config(&[]), &out).train(&mut Silent).unwrap();
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let e = trainer(config(&["epochs=2"]), &out).train(|_| {}).unwrap_err().to_string();
+    let e = trainer(config(&["epochs=2"]), &out).train(&mut Silent).unwrap_err().to_string();
     assert!(e.contains("holds another run") && e.contains("metrics.jsonl"), "{e}");
     assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(), metrics);
     // The same run continues with --resume.
     let mut t = trainer(config(&["epochs=2"]), &out);
     t.resume().unwrap();
-    t.train(|_| {}).unwrap();
+    t.train(&mut Silent).unwrap();
     assert_eq!(std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count(), 2);
 }
 
@@ -97,7 +98,7 @@ fn rewards_whose_sums_overflow_stop_the_run_naming_the_quantity() {
         let mut t =
             toy::trainer::<TrainBackend>(cfg, Box::new(Constant(1e308)), &out, &Default::default())
                 .unwrap();
-        let e = t.train(|_| {}).unwrap_err().to_string();
+        let e = t.train(&mut Silent).unwrap_err().to_string();
         assert!(e.contains(message) && e.contains("overflows f64"), "{objective}: {e}");
         assert!(!out.join("checkpoints").exists(), "{objective}: a checkpoint was written");
         let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
@@ -109,7 +110,7 @@ fn rewards_whose_sums_overflow_stop_the_run_naming_the_quantity() {
 fn divergence_stops_the_run_naming_the_adapter_before_a_checkpoint_is_written() {
     let out = common::scratch("rel-diverge");
     // Flow-GRPO with these seeds has an informative sample in epoch 1, so a step is taken.
-    let e = trainer(config(&["optimizer.lr=1e39"]), &out).train(|_| {}).unwrap_err();
+    let e = trainer(config(&["optimizer.lr=1e39"]), &out).train(&mut Silent).unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(e, tpgrpo::Error::NonFinite { .. }) && text.contains("after optimizer step 1"),
@@ -139,7 +140,7 @@ fn rewrite_file(path: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec
 #[test]
 fn resume_validates_the_whole_state_and_names_what_is_wrong() {
     let out = common::scratch("rel-state");
-    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    trainer(config(&[]), &out).train(&mut Silent).unwrap();
     let ckpt = out.join("checkpoints/epoch-00001");
     let saved = std::fs::read(ckpt.join("state.safetensors")).unwrap();
     let resume = || trainer(config(&["epochs=2"]), &out).resume().unwrap_err().to_string();
@@ -176,7 +177,7 @@ fn a_checkpoint_written_before_any_optimizer_step_resumes() {
         toy::trainer::<TrainBackend>(cfg, Box::new(Constant(0.5)), &out, &Default::default())
             .unwrap()
     };
-    let history = build(1).train(|_| {}).unwrap();
+    let history = build(1).train(&mut Silent).unwrap();
     assert_eq!(history[0].optimizer_steps, 0, "{history:?}");
     let ckpt = out.join("checkpoints/epoch-00001");
     let files = WeightFiles::open(ckpt.join("state.safetensors")).unwrap();
@@ -198,14 +199,14 @@ fn a_checkpoint_written_before_any_optimizer_step_resumes() {
     let mut t = build(2);
     t.resume().unwrap();
     assert_eq!(t.epoch, 1);
-    t.train(|_| {}).unwrap();
+    t.train(&mut Silent).unwrap();
     assert_eq!(t.epoch, 2);
 }
 
 #[test]
 fn resume_refuses_changes_that_break_exactness_naming_each_and_allows_harmless_ones() {
     let out = common::scratch("rel-settings");
-    trainer(config(&[]), &out).train(|_| {}).unwrap();
+    trainer(config(&[]), &out).train(&mut Silent).unwrap();
     let e = trainer(config(&["epochs=2", "optimizer.lr=0.5", "lora.rank=4"]), &out)
         .resume()
         .unwrap_err()
@@ -230,7 +231,7 @@ fn resume_refuses_changes_that_break_exactness_naming_each_and_allows_harmless_o
 #[test]
 fn resume_falls_back_to_the_newest_complete_checkpoint_and_never_leaves_the_run_folder() {
     let out = common::scratch("rel-latest");
-    trainer(config(&["epochs=2"]), &out).train(|_| {}).unwrap();
+    trainer(config(&["epochs=2"]), &out).train(&mut Silent).unwrap();
     let latest = out.join("checkpoints/latest");
     // A kill before `latest` was written, with a half-written later checkpoint beside.
     std::fs::remove_file(&latest).unwrap();
@@ -413,7 +414,7 @@ fn nan_base_weights_stop_the_first_evaluation() {
     };
     let cfg = config(&["eval_every=1", "eval_prompts=2", "eval_steps=3"]);
     let mut t = Trainer::new(cfg, loaded.transformer, task, dir.join("run")).unwrap();
-    let e = t.train(|_| {}).unwrap_err();
+    let e = t.train(&mut Silent).unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(e, tpgrpo::Error::NonFinite { .. }) && text.contains("evaluation latents"),

@@ -10,6 +10,7 @@ use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{EmbeddingCache, Sd3Conditioner};
 use tpgrpo::toy;
+use tpgrpo::train::Silent;
 use tpgrpo::train::{Task, TrainConfig, Trainer};
 
 fn folder() -> PathBuf {
@@ -38,7 +39,7 @@ fn run(conditioner: Sd3Conditioner<B>, name: &str) -> Vec<(String, Vec<f32>)> {
         &out,
     )
     .unwrap();
-    let history = t.train(|_| {}).unwrap();
+    let history = t.train(&mut Silent).unwrap();
     assert_eq!(history.last().unwrap().optimizer_steps, 2, "one step per epoch");
     assert!(history[1].reward_std > 0.0);
     assert!(out.join("samples/epoch-00002.png").is_file());

@@ -10,7 +10,8 @@ use std::path::Path;
 use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::grpo::{credit_batch, flow_grpo_advantages, tp_grpo_advantages, ObjectiveConfig};
 use tpgrpo::toy::{self, ToyPipeline, ToyScorer};
-use tpgrpo::train::{EpochMetrics, TrainConfig, Trainer};
+use tpgrpo::train::Silent;
+use tpgrpo::train::{EpochMetrics, Observer, Phase, TrainConfig, Trainer};
 
 fn config(epochs: usize, objective: &str) -> TrainConfig {
     let sets: Vec<String> = [
@@ -57,7 +58,7 @@ fn without_time(lines: &[EpochMetrics]) -> Vec<EpochMetrics> {
 fn tp_grpo_runs_and_resumes_identically() {
     let straight = common::scratch("train-straight");
     let mut a = trainer(config(4, "tp-grpo"), &straight);
-    let history = a.train(|_| {}).unwrap();
+    let history = a.train(&mut Silent).unwrap();
     assert_eq!(history.len(), 5, "the evaluation before training plus 4 epochs");
     // Two optimizer steps per epoch with an informative sample (an epoch whose advantages
     // are all zero has nothing to learn and makes no step).
@@ -88,11 +89,11 @@ fn tp_grpo_runs_and_resumes_identically() {
 
     let split = common::scratch("train-split");
     let mut b = trainer(config(2, "tp-grpo"), &split);
-    b.train(|_| {}).unwrap();
+    b.train(&mut Silent).unwrap();
     let mut b = trainer(config(4, "tp-grpo"), &split);
     b.resume().unwrap();
     assert_eq!(b.epoch, 2);
-    b.train(|_| {}).unwrap();
+    b.train(&mut Silent).unwrap();
     let differing: Vec<(String, f32)> = factors(&a)
         .into_iter()
         .zip(factors(&b))
@@ -118,7 +119,6 @@ fn tp_grpo_runs_and_resumes_identically() {
         "checkpoints/epoch-00002/trainer_state.json",
         "samples/epoch-00000.png",
         "samples/epoch-00004.png",
-        "reward_curve.png",
     ] {
         assert!(straight.join(f).is_file(), "{f} missing");
     }
@@ -141,11 +141,69 @@ fn tp_grpo_runs_and_resumes_identically() {
     assert!(err.contains("`objective.objective` was \"tp-grpo\", now \"flow-grpo\""), "{err}");
 }
 
+/// Records what a run reports.
+#[derive(Default)]
+struct Events {
+    /// `(epoch, phase, total, units advanced)` per phase, in order.
+    phases: Vec<(usize, Phase, usize, usize)>,
+    /// `(epoch, history length)` per finished epoch, and the last history.
+    epochs: Vec<(usize, usize)>,
+    last: Vec<EpochMetrics>,
+}
+
+impl Observer for Events {
+    fn phase(&mut self, epoch: usize, phase: Phase, total: usize) {
+        self.phases.push((epoch, phase, total, 0));
+    }
+    fn advance(&mut self, done: usize) {
+        self.phases.last_mut().expect("a phase started first").3 += done;
+    }
+    fn epoch(&mut self, m: &EpochMetrics, history: &[EpochMetrics]) -> tpgrpo::Result<()> {
+        self.epochs.push((m.epoch, history.len()));
+        assert_eq!(history.last(), Some(m), "the metrics are the history's last line");
+        self.last = history.to_vec();
+        Ok(())
+    }
+}
+
+/// The observer sees the evaluation before training, then per epoch the rollouts (every
+/// sample), the updates (every announced unit) and, every `eval_every` epochs, an evaluation;
+/// each epoch's metrics after its phases, with the history so far.
+#[test]
+fn the_observer_sees_every_phase_and_epoch_in_order() {
+    let out = common::scratch("train-observed");
+    let mut t = trainer(config(2, "tp-grpo"), &out);
+    let mut events = Events::default();
+    let history = t.train(&mut events).unwrap();
+    let kinds: Vec<(usize, Phase)> = events.phases.iter().map(|p| (p.0, p.1)).collect();
+    use Phase::*;
+    assert_eq!(
+        kinds,
+        [
+            (0, Evaluation),
+            (1, Rollouts),
+            (1, Updates),
+            (2, Rollouts),
+            (2, Updates),
+            (2, Evaluation)
+        ]
+    );
+    for &(epoch, phase, total, done) in &events.phases {
+        assert_eq!(done, total, "epoch {epoch} {phase:?}: {done} of {total} units reported");
+        if phase == Rollouts {
+            assert_eq!(total, 6, "2 prompts x 3 samples");
+        }
+    }
+    assert!(events.phases.iter().any(|p| p.1 == Updates && p.2 > 0), "some update ran");
+    assert_eq!(events.epochs, [(0, 1), (1, 2), (2, 3)]);
+    assert_eq!(events.last, history);
+}
+
 #[test]
 fn flow_grpo_baseline_runs() {
     let out = common::scratch("train-flow");
     let mut t = trainer(config(1, "flow-grpo"), &out);
-    let history = t.train(|_| {}).unwrap();
+    let history = t.train(&mut Silent).unwrap();
     let m = &history[1];
     assert_eq!(m.objective, "flow-grpo");
     assert_eq!(m.nfe_per_sample, 4.0, "no ODE completions");
@@ -171,7 +229,7 @@ fn metrics_agree_with_the_recorded_rewards() {
         let out = common::scratch(&format!("train-recorded-{objective}"));
         let mut t =
             toy::trainer::<TrainBackend>(cfg, Box::new(reward), &out, &Default::default()).unwrap();
-        let m = t.train(|_| {}).unwrap().remove(0);
+        let m = t.train(&mut Silent).unwrap().remove(0);
         let calls = calls.lock().unwrap().clone();
         let finals = &calls[0];
         let (mean, std) = mean_std(finals);
@@ -325,7 +383,7 @@ fn updates_move_the_reward_up() {
             &Default::default(),
         )
         .unwrap();
-        let h = t.train(|_| {}).unwrap();
+        let h = t.train(&mut Silent).unwrap();
         let (before, after) = (h[0].eval_reward.unwrap(), h[6].eval_reward.unwrap());
         eprintln!("{objective}: brightness {before:.4} -> {after:.4}");
         assert!(after > before + 0.01, "{objective}: brightness {before:.4} -> {after:.4}");

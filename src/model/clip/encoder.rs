@@ -30,7 +30,7 @@ pub(crate) fn validate_shape(hidden_act: &str, hidden: usize, heads: usize) -> c
             format!("expected \"quick_gelu\" or \"gelu\", found {hidden_act:?}"),
         ));
     }
-    if heads == 0 || hidden % heads != 0 {
+    if heads == 0 || !hidden.is_multiple_of(heads) {
         return Err(crate::Error::config(
             "num_attention_heads",
             format!("must divide hidden_size {hidden}"),

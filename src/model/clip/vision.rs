@@ -56,7 +56,7 @@ impl ClipVisionConfig {
                 format!("must be between 1 and image_size {}", self.image_size),
             ));
         }
-        if self.image_size % self.patch_size != 0 {
+        if !self.image_size.is_multiple_of(self.patch_size) {
             return Err(crate::Error::config(
                 "image_size",
                 format!("must be a multiple of patch_size {}", self.patch_size),

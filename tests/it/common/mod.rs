@@ -136,12 +136,40 @@ impl<R: tpgrpo::reward::Reward> tpgrpo::reward::Reward for Recording<R> {
     }
 }
 
-/// An example binary built by `cargo test` (beside this test's `deps/` folder).
+/// An example binary of this build (`target/<profile>/examples/`): `cargo test` builds them;
+/// when it did not (`cargo test --test it`, nextest), it is built here with this build's
+/// profile and features, once per name.
 pub fn example_binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let bin = dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} missing: `cargo test` builds the examples", bin.display());
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !bin.is_file() && !built.iter().any(|b| b == name) {
+        let features: Vec<&str> = [
+            ("cli", cfg!(feature = "cli")),
+            ("ndarray", cfg!(feature = "ndarray")),
+            ("cuda", cfg!(feature = "cuda")),
+            ("wgpu", cfg!(feature = "wgpu")),
+            ("tch", cfg!(feature = "tch")),
+        ]
+        .into_iter()
+        .filter_map(|(f, on)| on.then_some(f))
+        .collect();
+        let target_dir = profile_dir.parent().unwrap();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build.current_dir(env!("CARGO_MANIFEST_DIR")).args(["build", "--example", name]);
+        build.arg("--target-dir").arg(target_dir);
+        build.args(["--no-default-features", "--features", &features.join(",")]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "building example {name} failed");
+        built.push(name.to_string());
+    }
+    assert!(bin.is_file(), "{} missing after building it", bin.display());
     bin
 }
 
