@@ -176,7 +176,7 @@ pub fn run<B: AutodiffBackend>(
 
 fn fail(out: &mut dyn Write, stage: &str, seconds: f64, message: String) -> crate::Result<()> {
     let _ = writeln!(out, "{stage:<32}{seconds:9.3} s  FAILED");
-    Err(Error::config("doctor", format!("stage '{stage}' failed: {message}")))
+    Err(Error::Doctor { stage: stage.into(), message })
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -195,10 +195,10 @@ fn expect_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> crate::Resul
         .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
         .fold(0.0f64, |a, e| if e.is_nan() { f64::INFINITY } else { a.max(e) });
     if got.len() != want.len() || worst > tol {
-        return Err(Error::config(
-            "doctor",
-            format!("{what}: relative error {worst:.2e} above {tol:.0e} against the host"),
-        ));
+        return Err(Error::Doctor {
+            stage: what.into(),
+            message: format!("relative error {worst:.2e} above {tol:.0e} against the host"),
+        });
     }
     Ok(())
 }
@@ -211,7 +211,8 @@ fn host_values(n: usize, seed: u64) -> Vec<f32> {
 
 fn to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> crate::Result<Vec<f64>> {
     let data = t.into_data().convert::<f64>();
-    data.to_vec::<f64>().map_err(|e| Error::config("doctor", format!("reading back: {e:?}")))
+    data.to_vec::<f64>()
+        .map_err(|e| Error::Device { what: "reading back".into(), message: format!("{e:?}") })
 }
 
 /// `A B` of `n x n` matrices against the host product.
@@ -320,10 +321,10 @@ fn toy_forward_bf16<B: Backend>(
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
     let worst = got.iter().zip(&want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
     if worst > 0.1 {
-        return Err(Error::config(
-            "doctor",
-            format!("bf16 forward differs from f32 by {worst:.2e} of the output's scale"),
-        ));
+        return Err(Error::Doctor {
+            stage: "toy forward bf16 vs f32".into(),
+            message: format!("bf16 forward differs from f32 by {worst:.2e} of the output's scale"),
+        });
     }
     Ok(format!("max difference {worst:.1e} of the output's scale (limit 0.1)"))
 }
@@ -351,7 +352,10 @@ fn lora_backward<B: AutodiffBackend>(
 
 fn finite(what: &str, values: &[f64]) -> crate::Result<()> {
     match values.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::config("doctor", format!("{what}: value {i} is {}", values[i]))),
+        Some(i) => Err(Error::Doctor {
+            stage: what.into(),
+            message: format!("value {i} is {}", values[i]),
+        }),
         None => Ok(()),
     }
 }

@@ -1,19 +1,21 @@
-//! The crate's error type: every variant names the file, key, field or tensor it is about.
+//! The crate's error type: every variant names the file, key, field, URL or tensor it is about.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// Errors raised by tpgrpo.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading or writing a file failed.
+    #[error("{}: {source}", .path.display())]
     Io {
         /// The file involved.
         path: PathBuf,
         /// The underlying error.
+        #[source]
         source: std::io::Error,
     },
     /// A file's contents are not what its format promises (corrupt, truncated, malformed JSON).
+    #[error("{}: {message}", .path.display())]
     Format {
         /// The file involved.
         path: PathBuf,
@@ -21,21 +23,51 @@ pub enum Error {
         message: String,
     },
     /// A checkpoint's tensors do not match the model: missing, unexpected or mis-shaped keys.
+    #[error("{}", checkpoint_message(.path, .problems))]
     Checkpoint {
         /// The checkpoint (file or folder).
         path: PathBuf,
         /// One line per problem, each naming the key.
         problems: Vec<String>,
     },
-    /// A configuration value is invalid.
+    /// A setting (configuration field, command-line value, model config entry) is invalid.
+    #[error("config field `{field}`: {message}")]
     Config {
         /// The configuration field, as written in the file.
         field: String,
         /// Why the value is rejected.
         message: String,
     },
+    /// A reward server failed or replied with something unusable (status, body, scores).
+    #[error("reward server {url}: {message}")]
+    RewardServer {
+        /// The server's URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A reward returned something unusable: a wrong number of scores, or one not finite.
+    #[error("reward `{name}`: {message}")]
+    Reward {
+        /// The reward (or reward term).
+        name: String,
+        /// What it returned.
+        message: String,
+    },
+    /// An image could not be decoded, encoded or processed (`what`: which image).
+    #[error("{what}: {message}")]
+    Image {
+        /// Which image.
+        what: String,
+        /// The codec's message.
+        message: String,
+    },
     /// Values of a run went NaN or infinite (divergence, or bad weights or inputs); the run
     /// stops before anything is written with them.
+    #[error(
+        "{what}: {count} of {total} values are NaN or infinite (diverged? try a lower \
+         optimizer.lr; check the weights and inputs); stopped before writing them"
+    )]
     NonFinite {
         /// What went non-finite, and where (`adapter to_q.lora_A after optimizer step 3`).
         what: String,
@@ -45,13 +77,16 @@ pub enum Error {
         total: usize,
     },
     /// A replica of a data-parallel run failed, or its collective did.
+    #[error("replica {rank}: {message}")]
     Replica {
         /// The replica's rank.
         rank: usize,
         /// What happened.
         message: String,
     },
-    /// The device reported an error while running queued work (`what`: the phase waited on).
+    /// The device reported an error while running queued work or reading a tensor back
+    /// (`what`: the phase or tensor waited on).
+    #[error("device error during {what}: {message}")]
     Device {
         /// What was being waited on.
         what: String,
@@ -59,6 +94,7 @@ pub enum Error {
         message: String,
     },
     /// A tensor argument has the wrong shape.
+    #[error("`{name}` has shape {found:?}, expected {expected}")]
     Shape {
         /// The argument.
         name: String,
@@ -67,6 +103,17 @@ pub enum Error {
         /// The shape found.
         found: Vec<usize>,
     },
+    /// A stage of `tpgrpo doctor` failed its check.
+    #[error("doctor stage '{stage}' failed: {message}")]
+    Doctor {
+        /// The stage.
+        stage: String,
+        /// What the check found.
+        message: String,
+    },
+    /// An invariant of the crate itself broke (a bug to report, not a user error).
+    #[error("internal error (please report): {0}")]
+    Internal(String),
 }
 
 /// Result alias with the crate's [`Error`].
@@ -97,47 +144,19 @@ impl Error {
 /// How many problems of a checkpoint report are printed before the rest are counted.
 const MAX_LISTED_PROBLEMS: usize = 20;
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
-            Error::Format { path, message } => write!(f, "{}: {message}", path.display()),
-            Error::Checkpoint { path, problems } => {
-                write!(
-                    f,
-                    "{}: checkpoint does not match the model ({} problem{})",
-                    path.display(),
-                    problems.len(),
-                    if problems.len() == 1 { "" } else { "s" }
-                )?;
-                for p in problems.iter().take(MAX_LISTED_PROBLEMS) {
-                    write!(f, "\n  - {p}")?;
-                }
-                if problems.len() > MAX_LISTED_PROBLEMS {
-                    write!(f, "\n  ... and {} more", problems.len() - MAX_LISTED_PROBLEMS)?;
-                }
-                Ok(())
-            }
-            Error::Config { field, message } => write!(f, "config field `{field}`: {message}"),
-            Error::NonFinite { what, count, total } => write!(
-                f,
-                "{what}: {count} of {total} values are NaN or infinite (diverged? try a lower \
-                 optimizer.lr; check the weights and inputs); stopped before writing them"
-            ),
-            Error::Replica { rank, message } => write!(f, "replica {rank}: {message}"),
-            Error::Device { what, message } => write!(f, "device error during {what}: {message}"),
-            Error::Shape { name, expected, found } => {
-                write!(f, "`{name}` has shape {found:?}, expected {expected}")
-            }
-        }
+/// A checkpoint's problems, one per line after a count, at most [`MAX_LISTED_PROBLEMS`].
+fn checkpoint_message(path: &Path, problems: &[String]) -> String {
+    let n = problems.len();
+    let mut text = format!(
+        "{}: checkpoint does not match the model ({n} problem{})",
+        path.display(),
+        if n == 1 { "" } else { "s" }
+    );
+    for p in problems.iter().take(MAX_LISTED_PROBLEMS) {
+        text.push_str(&format!("\n  - {p}"));
     }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            _ => None,
-        }
+    if n > MAX_LISTED_PROBLEMS {
+        text.push_str(&format!("\n  ... and {} more", n - MAX_LISTED_PROBLEMS));
     }
+    text
 }

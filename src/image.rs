@@ -39,10 +39,10 @@ impl Image {
             return Err(Error::shape("images", "[B, 3, H, W]", &[b, c, h, w]));
         }
         let data = images.clamp(0.0, 1.0).permute([0, 2, 3, 1]).into_data();
-        let values: Vec<f32> = data
-            .convert::<f32>()
-            .to_vec()
-            .map_err(|e| Error::config("images", format!("cannot read the tensor: {e:?}")))?;
+        let values: Vec<f32> = data.convert::<f32>().to_vec().map_err(|e| Error::Device {
+            what: "reading images back".into(),
+            message: format!("{e:?}"),
+        })?;
         Ok(values
             .chunks(h * w * 3)
             .map(|p| Image { width: w, height: h, pixels: p.to_vec() })
@@ -76,8 +76,10 @@ impl Image {
     /// Decodes an encoded image (PNG, JPEG) as RGB; other colour types are converted (alpha
     /// dropped) as PIL's `convert("RGB")` does.
     pub fn decode(bytes: &[u8]) -> Result<Image> {
-        let decoded = ::image::load_from_memory(bytes)
-            .map_err(|e| Error::config("image", format!("cannot decode: {e}")))?;
+        let decoded = ::image::load_from_memory(bytes).map_err(|e| Error::Image {
+            what: "image".into(),
+            message: format!("cannot decode: {e}"),
+        })?;
         Ok(Image::from_rgb8(decoded.to_rgb8()))
     }
 
@@ -85,9 +87,10 @@ impl Image {
     /// `save(format="JPEG")`; PNG).
     pub fn encode(&self, format: ::image::ImageFormat) -> Result<Vec<u8>> {
         let mut out = std::io::Cursor::new(Vec::new());
-        self.to_rgb8()?
-            .write_to(&mut out, format)
-            .map_err(|e| Error::config("image", format!("cannot encode as {format:?}: {e}")))?;
+        self.to_rgb8()?.write_to(&mut out, format).map_err(|e| Error::Image {
+            what: "image".into(),
+            message: format!("cannot encode as {format:?}: {e}"),
+        })?;
         Ok(out.into_inner())
     }
 }
@@ -107,7 +110,7 @@ pub fn save_png(path: &Path, image: &Image) -> Result<()> {
 /// Writes `images` as a grid PNG with `cols` columns, each pixel enlarged `scale` times.
 pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Result<()> {
     let Some(first) = images.first() else {
-        return Err(Error::config("images", "no images to write"));
+        return Err(Error::shape("images", "at least one image", &[0]));
     };
     let (w, h) = (first.width * scale, first.height * scale);
     let rows = images.len().div_ceil(cols);

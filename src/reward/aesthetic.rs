@@ -130,8 +130,9 @@ impl<B: Backend> Reward for Aesthetic<B> {
         for images in images.chunks(super::clip::CLIP_BATCH) {
             let features = self.clip.image_features(images, &self.device)?;
             let s = self.mlp.forward(features).into_data().convert::<f64>();
-            scores.extend(s.to_vec::<f64>().map_err(|e| {
-                Error::config("reward", format!("cannot read aesthetic scores: {e:?}"))
+            scores.extend(s.to_vec::<f64>().map_err(|e| Error::Device {
+                what: "reading aesthetic scores back".into(),
+                message: format!("{e:?}"),
             })?);
         }
         Ok(scores)

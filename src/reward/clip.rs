@@ -62,9 +62,11 @@ impl<B: Backend> Reward for ClipSimilarity<B> {
             let image = self.clip.image_features(images, &self.device)?;
             let text = self.clip.text_features(&texts, &self.device)?;
             let cos = (image * text).sum_dim(1);
-            let cos: Vec<f64> = cos.into_data().convert::<f64>().to_vec().map_err(|e| {
-                crate::Error::config("reward", format!("cannot read {} scores: {e:?}", self.name))
-            })?;
+            let cos: Vec<f64> =
+                cos.into_data().convert::<f64>().to_vec().map_err(|e| crate::Error::Device {
+                    what: format!("reading {} scores back", self.name),
+                    message: format!("{e:?}"),
+                })?;
             scores.extend(cos.into_iter().map(|c| c * scale));
         }
         Ok(scores)

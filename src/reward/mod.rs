@@ -79,30 +79,23 @@ pub fn score_terms(
     prompts: &[Prompt],
 ) -> Result<(Vec<f64>, Vec<Term>)> {
     if images.len() != prompts.len() {
-        return Err(Error::config(
-            "reward",
-            format!("{} images but {} prompts", images.len(), prompts.len()),
-        ));
+        let expected = format!("one prompt per image ({})", images.len());
+        return Err(Error::shape("prompts", expected, &[prompts.len()]));
     }
     let terms = reward.terms(images, prompts)?;
     let mut total = vec![0.0; images.len()];
     for term in &terms {
         if term.scores.len() != images.len() {
-            return Err(Error::config(
-                "reward",
-                format!(
-                    "`{}` returned {} scores for {} images",
-                    term.name,
-                    term.scores.len(),
-                    images.len()
-                ),
-            ));
+            return Err(Error::Reward {
+                name: term.name.clone(),
+                message: format!("{} scores for {} images", term.scores.len(), images.len()),
+            });
         }
         if let Some((i, s)) = term.scores.iter().enumerate().find(|(_, s)| !s.is_finite()) {
-            return Err(Error::config(
-                "reward",
-                format!("`{}` scored image {i} (prompt {:?}) as {s}", term.name, prompts[i].text),
-            ));
+            return Err(Error::Reward {
+                name: term.name.clone(),
+                message: format!("scored image {i} (prompt {:?}) as {s}", prompts[i].text),
+            });
         }
         for (t, s) in total.iter_mut().zip(&term.scores) {
             *t += term.weight * s;
@@ -190,10 +183,11 @@ mod tests {
                 (1.0, Box::new(Fixed("nan", vec![1.0, f64::NAN]))),
             ],
         };
-        let err = score_checked(&nan, &images, &prompts).unwrap_err().to_string();
-        assert!(err.contains("`nan` scored image 1"), "{err}");
+        let err = score_checked(&nan, &images, &prompts).unwrap_err();
+        assert!(matches!(&err, Error::Reward { name, .. } if name == "nan"), "{err:?}");
+        assert!(err.to_string().contains("reward `nan`: scored image 1"), "{err}");
         let short = Fixed("short", vec![1.0]);
         let err = score_checked(&short, &images, &prompts).unwrap_err().to_string();
-        assert!(err.contains("`short` returned 1 scores for 2 images"), "{err}");
+        assert!(err.contains("reward `short`: 1 scores for 2 images"), "{err}");
     }
 }

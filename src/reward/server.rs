@@ -127,7 +127,7 @@ impl RewardServer {
     }
 
     fn fail(&self, problem: impl std::fmt::Display) -> Error {
-        Error::config("reward", format!("reward server {}: {problem}", self.url))
+        Error::RewardServer { url: self.url.clone(), message: problem.to_string() }
     }
 
     /// The request body and its content type for one batch.

@@ -75,9 +75,7 @@ impl<B: Backend> AdamW<B> {
         for (name, p) in params {
             let g = grads
                 .get(&name)
-                .ok_or_else(|| {
-                    crate::Error::config("optimizer", format!("no gradient for `{name}`"))
-                })?
+                .ok_or_else(|| crate::Error::Internal(format!("no gradient for `{name}`")))?
                 .clone();
             let state = self
                 .moments

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use tpgrpo::image::Image;
 use tpgrpo::reward::{score_checked, Prompt, Protocol, Reward, RewardServer, ServerConfig};
 use tpgrpo::toy::{self, draw, prompt::Scene, ToyScorer};
+use tpgrpo::Error;
 
 /// A server process, killed when dropped.
 struct Server {
@@ -110,8 +111,10 @@ fn every_fault_is_an_error_naming_the_url() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}");
     let client = RewardServer::new(&url, Protocol::Pickle, quick()).unwrap();
-    let err = client.score(&images, &prompts).unwrap_err().to_string();
-    assert!(err.contains(&url) && err.contains("connection refused"), "{err}");
+    let err = client.score(&images, &prompts).unwrap_err();
+    assert!(matches!(&err, Error::RewardServer { url: u, .. } if *u == url), "{err:?}");
+    let err = err.to_string();
+    assert!(err.starts_with("reward server ") && err.contains("connection refused"), "{err}");
     // Not http.
     let err = RewardServer::new("https://x", Protocol::Json, quick()).unwrap_err().to_string();
     assert!(err.contains("must start with http://"), "{err}");

@@ -253,10 +253,10 @@ impl ClipImageProcessor {
         let mut values = Vec::with_capacity(images.len() * 3 * h * w);
         for (i, image) in images.iter().enumerate() {
             if self.output_size(image.height, image.width) != (h, w) {
-                return Err(Error::config(
-                    "images",
-                    format!("image {i} would process to another size than image 0 ({h}x{w})"),
-                ));
+                return Err(Error::Image {
+                    what: format!("image {i}"),
+                    message: format!("would process to another size than image 0 ({h}x{w})"),
+                });
             }
             values.extend(self.process_one(image)?);
         }
