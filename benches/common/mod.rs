@@ -39,17 +39,7 @@ pub struct Size {
 pub fn size(name: &str) -> Size {
     match name {
         "sd35-medium" => Size {
-            config: MMDiTConfig::new()
-                .with_sample_size(128)
-                .with_num_layers(24)
-                .with_num_attention_heads(24)
-                .with_attention_head_dim(64)
-                .with_joint_attention_dim(4096)
-                .with_caption_projection_dim(1536)
-                .with_pooled_projection_dim(2048)
-                .with_pos_embed_max_size(384)
-                .with_dual_attention_layers((0..=12).collect())
-                .with_qk_norm(Some("rms_norm".into())),
+            config: MMDiTConfig::sd3_5_medium(),
             latent: [16, 64, 64],
             text: [333, 4096],
             pooled: 2048,

@@ -18,6 +18,20 @@ fn models_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
 }
 
+/// The named configurations are the released models' `config.json`s (copied in `models/`).
+#[test]
+fn named_configs_equal_the_released_config_files() {
+    let named = [
+        ("sd3-medium", MMDiTConfig::sd3_medium()),
+        ("sd3.5-medium", MMDiTConfig::sd3_5_medium()),
+        ("sd3.5-large", MMDiTConfig::sd3_5_large()),
+    ];
+    for (name, config) in named {
+        let file = MMDiTConfig::load_json(models_dir().join(format!("{name}.json"))).unwrap();
+        assert_eq!(config, file, "{name}");
+    }
+}
+
 #[test]
 fn presets_have_exactly_diffusers_keys_and_shapes() {
     let text = std::fs::read_to_string(

@@ -55,6 +55,30 @@ pub struct MMDiTConfig {
 const IGNORED_KEYS: &[&str] = &["_class_name", "_diffusers_version", "_name_or_path"];
 
 impl MMDiTConfig {
+    /// Stable Diffusion 3 medium's transformer (24 blocks, D = 1536, no qk-norm), as
+    /// `models/sd3-medium.json` and the released `config.json` give it.
+    pub fn sd3_medium() -> Self {
+        MMDiTConfig::new().with_qk_norm(None)
+    }
+
+    /// Stable Diffusion 3.5 medium's transformer: SD3 medium with MMDiT-X (dual attention in
+    /// blocks 0-12), per-head RMS qk-norm and a 384-wide position table.
+    pub fn sd3_5_medium() -> Self {
+        MMDiTConfig::new()
+            .with_pos_embed_max_size(384)
+            .with_dual_attention_layers((0..=12).collect())
+            .with_qk_norm(Some("rms_norm".into()))
+    }
+
+    /// Stable Diffusion 3.5 large's transformer (38 blocks of 38 heads, D = 2432, qk-norm).
+    pub fn sd3_5_large() -> Self {
+        MMDiTConfig::new()
+            .with_num_layers(38)
+            .with_num_attention_heads(38)
+            .with_caption_projection_dim(2432)
+            .with_qk_norm(Some("rms_norm".into()))
+    }
+
     /// The hidden size `D = heads * head_dim`.
     pub fn hidden_size(&self) -> usize {
         self.num_attention_heads * self.attention_head_dim
