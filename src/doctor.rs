@@ -195,8 +195,8 @@ fn expect_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> crate::Resul
         .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
         .fold(0.0f64, |a, e| if e.is_nan() { f64::INFINITY } else { a.max(e) });
     if got.len() != want.len() || worst > tol {
-        return Err(Error::Doctor {
-            stage: what.into(),
+        return Err(Error::Device {
+            what: what.into(),
             message: format!("relative error {worst:.2e} above {tol:.0e} against the host"),
         });
     }
@@ -321,9 +321,9 @@ fn toy_forward_bf16<B: Backend>(
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
     let worst = got.iter().zip(&want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
     if worst > 0.1 {
-        return Err(Error::Doctor {
-            stage: "toy forward bf16 vs f32".into(),
-            message: format!("bf16 forward differs from f32 by {worst:.2e} of the output's scale"),
+        return Err(Error::Device {
+            what: "the bf16 toy forward".into(),
+            message: format!("differs from f32 by {worst:.2e} of the output's scale"),
         });
     }
     Ok(format!("max difference {worst:.1e} of the output's scale (limit 0.1)"))
@@ -352,10 +352,9 @@ fn lora_backward<B: AutodiffBackend>(
 
 fn finite(what: &str, values: &[f64]) -> crate::Result<()> {
     match values.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::Doctor {
-            stage: what.into(),
-            message: format!("value {i} is {}", values[i]),
-        }),
+        Some(i) => {
+            Err(Error::Device { what: what.into(), message: format!("value {i} is {}", values[i]) })
+        }
         None => Ok(()),
     }
 }

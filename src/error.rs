@@ -84,8 +84,9 @@ pub enum Error {
         /// What happened.
         message: String,
     },
-    /// The device reported an error while running queued work or reading a tensor back
-    /// (`what`: the phase or tensor waited on).
+    /// The device reported an error while running queued work or reading a tensor back, or
+    /// computed values that fail a check against a host reference (`what`: the phase, tensor
+    /// or computation).
     #[error("device error during {what}: {message}")]
     Device {
         /// What was being waited on.

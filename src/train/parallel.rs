@@ -87,9 +87,10 @@ pub fn orchestrate(port: u16) -> Result<()> {
 /// `build` makes the trainer of a replica on its device (it is called on the replica's
 /// thread, after the replica has joined the collective, so a failing build stops the run like
 /// any failure; a build that resumes sets the replica first, [`Trainer::with_replica`], so
-/// that only the lead rewrites the metrics); `on_epoch` sees the lead replica's metrics lines. The first replica error
-/// stops the run: the collective is reset, so replicas waiting in it fail at once, and the
-/// others get [`STOP_WAIT`] to stop before the error is returned.
+/// that only the lead rewrites the metrics); `observer` sees the lead replica's progress and
+/// metrics lines. The first replica error stops the run: the collective is reset, so replicas
+/// waiting in it fail at once, and the others get [`STOP_WAIT`] to stop before the error is
+/// returned.
 pub fn train<B, P, F, O>(
     devices: Vec<B::Device>,
     nodes: Option<Nodes>,

@@ -476,7 +476,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                     self.save_checkpoint()?;
                 }
             }
-            observer.epoch(&history[history.len() - 1], &history)?;
+            if let Some(m) = history.last() {
+                observer.epoch(m, &history)?;
+            }
         }
         Ok(history)
     }
