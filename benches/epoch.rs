@@ -14,9 +14,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::image::Image;
-use tpgrpo::model::precision::dtype_name;
+use tpgrpo::model::dtype_name;
 use tpgrpo::model::{AutoencoderKL, LoraConfig, MMDiT, VaeConfig};
-use tpgrpo::reward::{Prompt, Reward};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::Reward;
 use tpgrpo::sampler::{Conditioning, TextToImage};
 use tpgrpo::train::{Task, TrainConfig, Trainer};
 

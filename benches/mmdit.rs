@@ -21,7 +21,7 @@ use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::model::precision::{cast_params, dtype_name};
+use tpgrpo::model::{cast_params, dtype_name};
 use tpgrpo::model::{LoraConfig, MMDiT};
 
 mod common;

@@ -11,7 +11,8 @@ use std::time::Instant;
 use tpgrpo::backend::{self, Backend};
 use tpgrpo::image::Image;
 use tpgrpo::model::clip::ClipImageProcessor;
-use tpgrpo::reward::{ClipSimilarity, Prompt, Reward};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::{ClipSimilarity, Reward};
 
 const BATCH: usize = 16;
 const SIDE: usize = 512;

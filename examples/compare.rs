@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy;
-use tpgrpo::train::plot::{save_chart, Series};
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Observer};
+use tpgrpo::train::{save_chart, Series};
 
 /// Command-line options.
 #[derive(Parser, Debug)]

@@ -5,7 +5,7 @@
 //! (SD3's training distribution), 10% of prompts replaced by the empty prompt so classifier-free
 //! guidance works, AdamW, from DiT's adaLN-Zero initialisation. Ends with a 40-step ODE
 //! evaluation on held-out prompts, overall, per prompt kind and per check (colour, count, shape,
-//! relation: `toy::scorer::Checks`); `--grid` also writes the images. The defaults reproduce
+//! relation: `toy::ToyChecks`); `--grid` also writes the images. The defaults reproduce
 //! the shipped weights (37 minutes on 2 cores).
 
 use std::path::PathBuf;
@@ -17,12 +17,11 @@ use burn::prelude::*;
 use clap::Parser;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::image::Image;
-use tpgrpo::limits;
-use tpgrpo::reward::Prompt;
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::{score_checked, Report};
 use tpgrpo::rng::SplitMix64;
 use tpgrpo::sampler::{ode_sample, seeded_noise, FlowSchedule};
-use tpgrpo::toy::scorer::{score_and_check, Checks};
-use tpgrpo::toy::{self, prompts, render, Scene, Split, ToyModel};
+use tpgrpo::toy::{self, prompts, render, Scene, Split, ToyChecks, ToyModel, ToyScorer};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -75,17 +74,12 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         return Err(tpgrpo::Error::config("lr", format!("{} is not a positive number", args.lr)));
     }
     let device = backend::init()?;
-    let images = limits::elements(
-        "batch",
-        "a step's images",
-        &[args.batch, 3, toy::IMAGE_SIZE, toy::IMAGE_SIZE],
-    )?;
-    limits::check_memory(
-        "batch",
-        "a step's images",
-        images as f64 * 4.0,
-        backend::memory(&device),
-    )?;
+    let image_bytes = 3 * toy::IMAGE_SIZE * toy::IMAGE_SIZE * 4;
+    let fits = args.batch as f64 * image_bytes as f64
+        <= backend::memory(&device).unwrap_or(u64::MAX) as f64;
+    if !fits {
+        return Err(tpgrpo::Error::config("batch", "a step's images do not fit in memory"));
+    }
     <Backend as burn::tensor::backend::Backend>::seed(&device, args.seed);
     let mut model: ToyModel<TrainBackend> =
         if args.resume { ToyModel::load(&args.out, &device)? } else { ToyModel::init(&device)? };
@@ -170,22 +164,25 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let (m, n) = mean(Some(tag));
         println!("  {tag:<10} {m:.3} ({n} prompts)");
     }
-    let rate = |(passed, made): (usize, usize)| passed as f64 / made.max(1) as f64;
-    println!(
-        "checks passed: colour {:.3}, count {:.3}, shape {:.3}, relation {:.3}",
-        rate(checks.colors),
-        rate(checks.counts),
-        rate(checks.shapes),
-        rate(checks.relations)
-    );
+    let rates: Vec<String> = checks
+        .iter()
+        .filter_map(|(name, passed, made)| {
+            let check = name.strip_prefix("check_")?;
+            Some(format!("{check} {:.3}", passed / made.max(1.0)))
+        })
+        .collect();
+    println!("checks passed: {}", rates.join(", "));
     Ok(())
 }
+
+/// A report's `(name, sum, count)` entries.
+type Tally = Vec<(String, f64, f64)>;
 
 fn evaluate(
     model: &ToyModel<Backend>,
     eval: &[Prompt],
     device: &backend::Device,
-) -> tpgrpo::Result<(Vec<Image>, Vec<f64>, Checks)> {
+) -> tpgrpo::Result<(Vec<Image>, Vec<f64>, Tally)> {
     let texts: Vec<&str> = eval.iter().map(|p| p.text.as_str()).collect();
     let cond = model.encode(&texts)?;
     let uncond = model.encode(&vec![""; texts.len()])?;
@@ -194,6 +191,7 @@ fn evaluate(
     let schedule = FlowSchedule::new(40, 3.0)?;
     let out = ode_sample(&model.transformer, &schedule, noise, &cond, &uncond, 4.5)?;
     let images = toy::latents_to_images(out)?;
-    let (scores, checks) = score_and_check(&images, eval)?;
+    let scores = score_checked(&ToyScorer, &images, eval)?;
+    let checks = ToyChecks.tally(&images, eval)?;
     Ok((images, scores, checks))
 }

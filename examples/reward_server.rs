@@ -16,7 +16,8 @@ use clap::Parser;
 use serde_json::Value as Json;
 use serde_pickle::{HashableValue, Value as Pickle};
 use tpgrpo::image::Image;
-use tpgrpo::reward::{score_checked, Prompt, Reward};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::{score_checked, Reward};
 
 /// Command-line options.
 #[derive(Parser, Debug)]

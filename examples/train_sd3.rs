@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::model::precision::dtype_name;
+use tpgrpo::model::dtype_name;
 use tpgrpo::model::MMDiT;
 use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::prompts::PromptSet;
 use tpgrpo::reward::{load_rewards, Report, Reward};
 use tpgrpo::sampler::TextToImage;
 use tpgrpo::toy::{self, ToyChecks};
-use tpgrpo::train::plot::save_reward_curve;
+use tpgrpo::train::save_reward_curve;
 use tpgrpo::train::{noise_scale, parallel, run_dir, EpochMetrics, Task, TrainConfig, Trainer};
 use tpgrpo::train::{Observer, Phase};
 
@@ -109,7 +109,6 @@ where
         (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
     parallel::train::<TrainBackend, _, _, _>(
         devices,
-        None,
         move |replica, device| {
             let reward = rewards(&specs, device)?;
             let mut trainer =
@@ -118,7 +117,7 @@ where
             if resume {
                 trainer.resume()?;
                 if replica.is_lead() {
-                    println!("resumed after epoch {}", trainer.epoch);
+                    println!("resumed after epoch {}", trainer.epoch());
                 }
             }
             Ok(trainer)

@@ -75,22 +75,24 @@ mod selected {
     pub const NAME: &str = "ndarray";
 
     /// NdArray compiles nothing: no cache.
-    pub fn use_kernel_cache(_dir: &std::path::Path) -> crate::Result<Option<std::path::PathBuf>> {
+    pub(super) fn use_kernel_cache(
+        _dir: &std::path::Path,
+    ) -> crate::Result<Option<std::path::PathBuf>> {
         Ok(None)
     }
 
     /// The CPU.
-    pub fn device() -> burn::backend::ndarray::NdArrayDevice {
+    pub(super) fn device() -> burn::backend::ndarray::NdArrayDevice {
         Default::default()
     }
 
     /// Never: NdArray runs on the CPU.
-    pub fn on_gpu(_device: &burn::backend::ndarray::NdArrayDevice) -> bool {
+    pub(super) fn on_gpu(_device: &burn::backend::ndarray::NdArrayDevice) -> bool {
         false
     }
 
     /// One CPU.
-    pub fn device_count(_first: &burn::backend::ndarray::NdArrayDevice) -> usize {
+    pub(super) fn device_count(_first: &burn::backend::ndarray::NdArrayDevice) -> usize {
         1
     }
 }
@@ -165,7 +167,7 @@ mod cubecl_cache {
     }
 }
 
-/// Bytes of memory of `device` where known: the host's ([`crate::limits::host_memory`]) for
+/// Bytes of memory of `device` where known: the host's (its container's limit where lower) for
 /// a CPU device; `None` on GPUs (CubeCL 0.10 and tch report no total).
 pub fn memory(device: &Device) -> Option<u64> {
     if on_gpu(device) {

@@ -3,11 +3,10 @@
 //! time as it goes; a watchdog thread names the stage still running every `stall_secs` seconds,
 //! so a first call that hangs in JIT compilation or autotuning says where it hangs.
 
-use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
@@ -65,30 +64,35 @@ impl Stall {
         self.next = self.period;
     }
 
-    /// The line due at time `now`, if any: one per whole period the stage has run.
-    fn poll(&mut self, now: Duration) -> Option<String> {
+    /// The report due at time `now`, if any (the stage and its whole seconds so far): one per
+    /// whole period the stage has run.
+    fn poll(&mut self, now: Duration) -> Option<(String, u64)> {
         let (name, start) = self.current.as_ref()?;
         if now.saturating_sub(*start) < self.next {
             return None;
         }
-        let line = format!("  ... still in '{name}' after {} s", self.next.as_secs());
+        let due = (name.clone(), self.next.as_secs());
         self.next += self.period;
-        Some(line)
+        Some(due)
     }
 }
 
-/// Prints "still running" lines for the current stage from a background thread.
-struct Watchdog {
+/// Reports the current stage as still running, from a background thread of `scope`.
+struct Watchdog<'scope> {
     tx: Sender<Option<String>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<ScopedJoinHandle<'scope, ()>>,
 }
 
-impl Watchdog {
-    /// Starts the watchdog thread with period `stall`, handing each "still running" line to
-    /// `report`.
-    fn start(stall: Duration, report: impl Fn(String) + Send + 'static) -> Self {
+impl<'scope> Watchdog<'scope> {
+    /// Starts the watchdog thread with period `stall`, handing each due report (stage, whole
+    /// seconds) to `report`.
+    fn start<'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        stall: Duration,
+        report: impl Fn(&str, u64) + Send + 'scope,
+    ) -> Self {
         let (tx, rx) = channel::<Option<String>>();
-        let thread = std::thread::spawn(move || {
+        let thread = scope.spawn(move || {
             let clock = Instant::now();
             let mut due = Stall::new(stall);
             loop {
@@ -97,8 +101,8 @@ impl Watchdog {
                     Err(RecvTimeoutError::Disconnected) => return,
                     Err(RecvTimeoutError::Timeout) => {}
                 }
-                while let Some(line) = due.poll(clock.elapsed()) {
-                    report(line);
+                while let Some((stage, seconds)) = due.poll(clock.elapsed()) {
+                    report(&stage, seconds);
                 }
             }
         });
@@ -112,7 +116,7 @@ impl Watchdog {
     }
 }
 
-impl Drop for Watchdog {
+impl Drop for Watchdog<'_> {
     fn drop(&mut self) {
         let (tx, _) = channel();
         drop(std::mem::replace(&mut self.tx, tx));
@@ -122,15 +126,48 @@ impl Drop for Watchdog {
     }
 }
 
-/// Runs the stages in order on `device`, printing each to `out`, and returns their times; stops
-/// at the first failed check or panic with an error naming the stage.
+/// What the doctor reports while it runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Event<'a> {
+    /// A stage passed.
+    Passed(&'a Stage),
+    /// A stage failed after `seconds`; [`run`] returns the error.
+    Failed {
+        /// The stage's name.
+        stage: &'a str,
+        /// Seconds until it failed.
+        seconds: f64,
+    },
+    /// A stage is still running after `seconds` (every [`DoctorConfig::stall_secs`]).
+    Running {
+        /// The stage's name.
+        stage: &'a str,
+        /// Whole seconds it has run.
+        seconds: u64,
+    },
+}
+
+/// Runs the stages in order on `device`, reporting each to `report` (from a watchdog thread
+/// too, for a stage still running), and returns their times; stops at the first failed check
+/// or panic with an error naming the stage.
 pub fn run<B: AutodiffBackend>(
     config: &DoctorConfig,
     device: &B::Device,
-    out: &mut dyn Write,
+    report: &(dyn Fn(Event<'_>) + Sync),
+) -> crate::Result<Vec<Stage>> {
+    std::thread::scope(|scope| run_stages::<B>(config, device, report, scope))
+}
+
+fn run_stages<'scope, B: AutodiffBackend>(
+    config: &DoctorConfig,
+    device: &B::Device,
+    report: &'scope (dyn Fn(Event<'_>) + Sync),
+    scope: &'scope Scope<'scope, '_>,
 ) -> crate::Result<Vec<Stage>> {
     let stall = Duration::from_secs(config.stall_secs.max(1));
-    let watchdog = Watchdog::start(stall, |line| println!("{line}"));
+    let watchdog = Watchdog::start(scope, stall, move |stage, seconds| {
+        report(Event::Running { stage, seconds })
+    });
     let mut stages = Vec::new();
     let mut stage =
         |name: &str, f: &mut dyn FnMut() -> crate::Result<String>| -> crate::Result<()> {
@@ -139,15 +176,22 @@ pub fn run<B: AutodiffBackend>(
             let result = catch_unwind(AssertUnwindSafe(&mut *f));
             let seconds = start.elapsed().as_secs_f64();
             watchdog.mark(None);
-            let detail = match result {
-                Ok(Ok(detail)) => detail,
-                Ok(Err(e)) => return fail(out, name, seconds, e.to_string()),
-                Err(panic) => return fail(out, name, seconds, panic_message(panic.as_ref())),
+            let outcome = match result {
+                Ok(Ok(detail)) => Ok(detail),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(panic) => Err(panic_message(panic.as_ref())),
             };
-            let _ = writeln!(out, "{name:<32}{seconds:9.3} s  {detail}");
-            let _ = out.flush();
-            stages.push(Stage { name: name.to_string(), seconds, detail });
-            Ok(())
+            match outcome {
+                Ok(detail) => {
+                    stages.push(Stage { name: name.to_string(), seconds, detail });
+                    report(Event::Passed(stages.last().expect("just pushed")));
+                    Ok(())
+                }
+                Err(message) => {
+                    report(Event::Failed { stage: name, seconds });
+                    Err(Error::Doctor { stage: name.into(), message })
+                }
+            }
         };
     let inner = <B::InnerBackend as burn::tensor::backend::Backend>::name(device);
     stage("backend and device", &mut || {
@@ -172,11 +216,6 @@ pub fn run<B: AutodiffBackend>(
         stage("toy epoch (8 prompts x 8)", &mut || toy_epoch::<B>(device))?;
     }
     Ok(stages)
-}
-
-fn fail(out: &mut dyn Write, stage: &str, seconds: f64, message: String) -> crate::Result<()> {
-    let _ = writeln!(out, "{stage:<32}{seconds:9.3} s  FAILED");
-    Err(Error::Doctor { stage: stage.into(), message })
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -387,35 +426,37 @@ mod tests {
         assert_eq!(due.poll(s(5.0)), None, "no stage, no line");
         due.mark(Some("slow".into()), s(10.0));
         assert_eq!(due.poll(s(10.9)), None);
-        assert_eq!(due.poll(s(11.0)).as_deref(), Some("  ... still in 'slow' after 1 s"));
+        let due_at = |name: &str, secs| Some((name.to_string(), secs));
+        assert_eq!(due.poll(s(11.0)), due_at("slow", 1));
         assert_eq!(due.poll(s(11.5)), None, "once per period");
-        assert_eq!(due.poll(s(13.2)).as_deref(), Some("  ... still in 'slow' after 2 s"));
-        assert_eq!(due.poll(s(13.2)).as_deref(), Some("  ... still in 'slow' after 3 s"));
+        assert_eq!(due.poll(s(13.2)), due_at("slow", 2));
+        assert_eq!(due.poll(s(13.2)), due_at("slow", 3));
         assert_eq!(due.poll(s(13.2)), None);
         due.mark(None, s(13.5));
         assert_eq!(due.poll(s(99.0)), None, "nothing after the stage ends");
         due.mark(Some("next".into()), s(100.0));
         assert_eq!(due.poll(s(100.5)), None, "a new stage counts from its start");
-        assert_eq!(due.poll(s(101.0)).as_deref(), Some("  ... still in 'next' after 1 s"));
+        assert_eq!(due.poll(s(101.0)), due_at("next", 1));
     }
 
     /// The thread reports through `report`: waits (up to a minute, so a loaded machine only
-    /// slows it) for the first line of a stalled stage; after the end, nothing new is due.
+    /// slows it) for the first report of a stalled stage; after the end, nothing new is due.
     #[test]
     fn watchdog_thread_reports_the_stalled_stage() {
         let (tx, rx) = std::sync::mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
-        let dog = Watchdog::start(Duration::from_secs(1), move |l| {
-            let _ = tx.lock().map(|t| t.send(l));
+        std::thread::scope(|scope| {
+            let dog = Watchdog::start(scope, Duration::from_secs(1), move |stage, secs| {
+                let _ = tx.lock().map(|t| t.send((stage.to_string(), secs)));
+            });
+            dog.mark(Some("slow stage"));
+            let first = rx.recv_timeout(Duration::from_secs(60)).expect("a report within a minute");
+            assert_eq!(first, ("slow stage".to_string(), 1));
+            dog.mark(None);
         });
-        dog.mark(Some("slow stage"));
-        let first = rx.recv_timeout(Duration::from_secs(60)).expect("a line within a minute");
-        assert_eq!(first, "  ... still in 'slow stage' after 1 s");
-        dog.mark(None);
-        drop(dog);
-        // Lines already due before the end was seen may follow; all name the stage.
-        for line in rx.try_iter() {
-            assert!(line.starts_with("  ... still in 'slow stage' after "), "{line}");
+        // Reports already due before the end was seen may follow; all name the stage.
+        for (stage, _) in rx.try_iter() {
+            assert_eq!(stage, "slow stage");
         }
     }
 

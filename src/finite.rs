@@ -8,7 +8,10 @@ use burn::prelude::*;
 use crate::error::{Error, Result};
 
 /// `Ok` when every value of `t` is finite; else [`Error::NonFinite`] naming `what`.
-pub fn ensure_finite<B: Backend, const D: usize>(t: &Tensor<B, D>, what: &str) -> Result<()> {
+pub(crate) fn ensure_finite<B: Backend, const D: usize>(
+    t: &Tensor<B, D>,
+    what: &str,
+) -> Result<()> {
     let bad = t.clone().is_finite().bool_not().int().sum().into_scalar().elem::<i64>() as usize;
     match bad {
         0 => Ok(()),
@@ -19,7 +22,7 @@ pub fn ensure_finite<B: Backend, const D: usize>(t: &Tensor<B, D>, what: &str) -
 }
 
 /// `Ok` when every value is finite; else [`Error::NonFinite`] naming `what`.
-pub fn ensure_finite_values(values: &[f32], what: &str) -> Result<()> {
+pub(crate) fn ensure_finite_values(values: &[f32], what: &str) -> Result<()> {
     match values.iter().filter(|v| !v.is_finite()).count() {
         0 => Ok(()),
         count => Err(Error::NonFinite { what: what.to_string(), count, total: values.len() }),
@@ -28,7 +31,7 @@ pub fn ensure_finite_values(values: &[f32], what: &str) -> Result<()> {
 
 /// `value` when finite; else an error naming the setting or input `field` and `what` was
 /// computed (from finite inputs too large for f64 arithmetic: sums, differences, squares).
-pub fn no_overflow(value: f64, field: &str, what: impl FnOnce() -> String) -> Result<f64> {
+pub(crate) fn no_overflow(value: f64, field: &str, what: impl FnOnce() -> String) -> Result<f64> {
     if value.is_finite() {
         return Ok(value);
     }

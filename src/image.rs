@@ -52,7 +52,7 @@ impl Image {
 
 /// Writes an RGB buffer as a PNG, atomically.
 pub(crate) fn write_png(img: &RgbImage, path: &Path) -> Result<()> {
-    crate::weights::write_atomically(path, |tmp| {
+    crate::files::write_atomically(path, |tmp| {
         img.save_with_format(tmp, ::image::ImageFormat::Png)
             .map_err(|e| Error::io(tmp, std::io::Error::other(e.to_string())))
     })

@@ -3,11 +3,11 @@
 //! TP-GRPO (TurningPoint-GRPO) reinforcement-learning fine-tuning of flow-matching
 //! text-to-image models (Stable Diffusion 3 / 3.5) on Burn.
 //!
-//! - [`model::mmdit`]: the SD3 / SD3.5 MMDiT, generic over the backend, loading diffusers and
-//!   Stability checkpoints.
-//! - [`model::clip`], [`model::t5`], [`model::vae`] and [`pipeline`]: SD3's text encoders,
-//!   VAE and the diffusers-folder text-to-image pipeline.
-//! - [`weights`]: lazy safetensors reading, key plans, atomic writing.
+//! - [`model`]: the SD3 / SD3.5 MMDiT ([`model::MMDiT`]), generic over the backend, loading
+//!   diffusers and Stability checkpoints; SD3's text encoders (CLIP, T5) and VAE.
+//! - [`pipeline`]: the diffusers-folder text-to-image pipeline; [`sampler`]: flow-matching
+//!   sampling (ODE, SDE, CPS) and rollouts.
+//! - [`weights`]: lazy safetensors reading and writing.
 //! - [`grpo`]: TP-GRPO / Flow-GRPO credit, advantages and loss.
 //! - [`reward`]: the reward trait; [`toy`]: the embedded default task (tiny model, shapes, scorer).
 //! - [`backend`]: the backend chosen by cargo features.
@@ -20,7 +20,8 @@
 //! ```no_run
 //! use tpgrpo::backend::{self, TrainBackend};
 //! use tpgrpo::image::Image;
-//! use tpgrpo::reward::{Prompt, Reward};
+//! use tpgrpo::prompts::Prompt;
+//! use tpgrpo::reward::Reward;
 //! use tpgrpo::train::Silent;
 //!
 //! /// Mean brightness: brighter images score higher.
@@ -48,23 +49,25 @@
 //! ```
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod backend;
 pub mod doctor;
-pub mod error;
-pub mod finite;
+pub(crate) mod error;
+pub(crate) mod files;
+pub(crate) mod finite;
 pub mod grpo;
 pub mod image;
-pub mod limits;
+pub(crate) mod limits;
 pub mod model;
-pub mod overrides;
-pub mod paths;
+pub(crate) mod overrides;
 pub mod pipeline;
+pub mod prelude;
 pub mod prompts;
 pub mod reward;
 pub mod rng;
 pub mod sampler;
-pub mod tokenizer;
+pub(crate) mod tokenizer;
 pub mod toy;
 pub mod train;
 pub mod weights;

@@ -10,15 +10,15 @@ use crate::error::{Error, Result};
 
 /// The most parameters a model configuration may imply (SD3.5-large has 8.1e9, T5-XXL's
 /// encoder 4.8e9): larger sizes in a `config.json` are refused before anything is built.
-pub const MAX_PARAMS: f64 = 2e11;
+pub(crate) const MAX_PARAMS: f64 = 2e11;
 
 /// The most elements one tensor may have (2^40, 4 TiB in f32): beyond any device, and far
 /// below `usize::MAX`, so element counts and their byte sizes are exact.
-pub const MAX_ELEMENTS: f64 = (1u64 << 40) as f64;
+pub(crate) const MAX_ELEMENTS: f64 = (1u64 << 40) as f64;
 
 /// `Ok` when a model whose sizes imply `params` parameters (computed in f64) is within
 /// [`MAX_PARAMS`]; else an error naming `fields` (the configuration fields that imply them).
-pub fn check_params(fields: &str, params: f64) -> Result<()> {
+pub(crate) fn check_params(fields: &str, params: f64) -> Result<()> {
     if params.is_finite() && params <= MAX_PARAMS {
         return Ok(());
     }
@@ -33,7 +33,7 @@ pub fn check_params(fields: &str, params: f64) -> Result<()> {
 }
 
 /// `Ok` when every `(field, size)` is at least 1; else an error naming the first that is 0.
-pub fn check_positive(sizes: &[(&str, usize)]) -> Result<()> {
+pub(crate) fn check_positive(sizes: &[(&str, usize)]) -> Result<()> {
     match sizes.iter().find(|(_, size)| *size == 0) {
         Some((field, _)) => Err(Error::config(*field, "must be at least 1")),
         None => Ok(()),
@@ -42,7 +42,7 @@ pub fn check_positive(sizes: &[(&str, usize)]) -> Result<()> {
 
 /// The product of `sizes` as a `usize`, when it is at most [`MAX_ELEMENTS`]; else an error
 /// naming `fields` (the settings the sizes come from) and `what` (the tensor they shape).
-pub fn elements(fields: &str, what: &str, sizes: &[usize]) -> Result<usize> {
+pub(crate) fn elements(fields: &str, what: &str, sizes: &[usize]) -> Result<usize> {
     let product: f64 = sizes.iter().map(|&s| s as f64).product();
     if product <= MAX_ELEMENTS {
         return Ok(sizes.iter().product());
@@ -58,7 +58,7 @@ pub fn elements(fields: &str, what: &str, sizes: &[usize]) -> Result<usize> {
 
 /// Bytes of memory this process may use on the host: the machine's RAM, or the container's
 /// (cgroup) limit when that is smaller; `None` where the platform does not say.
-pub fn host_memory() -> Option<u64> {
+pub(crate) fn host_memory() -> Option<u64> {
     use sysinfo::{MemoryRefreshKind, RefreshKind, System};
     let system = System::new_with_specifics(
         RefreshKind::nothing().with_memory(MemoryRefreshKind::everything()),
@@ -75,7 +75,12 @@ pub fn host_memory() -> Option<u64> {
 
 /// `Ok` when `bytes` (a lower bound of what `what` needs) fit in `memory` bytes (unknown
 /// memory: always); else an error naming `fields` with both sizes in GiB.
-pub fn check_memory(fields: &str, what: &str, bytes: f64, memory: Option<u64>) -> Result<()> {
+pub(crate) fn check_memory(
+    fields: &str,
+    what: &str,
+    bytes: f64,
+    memory: Option<u64>,
+) -> Result<()> {
     match memory {
         Some(m) if bytes > m as f64 => Err(Error::config(
             fields,

@@ -1,13 +1,13 @@
 //! The `tpgrpo` command line.
 
+use std::fmt::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use tpgrpo::backend::{self, Backend, TrainBackend};
-use tpgrpo::doctor::DoctorConfig;
-use tpgrpo::grpo::inspect::{inspect, parse_input, render_table};
-use tpgrpo::model::precision::cast_params;
-use tpgrpo::model::Precision;
+use tpgrpo::doctor::{DoctorConfig, Event};
+use tpgrpo::grpo::{inspect, parse_credit_input, CreditReport};
+use tpgrpo::model::{cast_params, Precision};
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::reward::{load_rewards, score_terms};
 use tpgrpo::Error;
@@ -132,7 +132,7 @@ fn main() {
 
 fn credit(path: &PathBuf, json: bool) -> tpgrpo::Result<()> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let input = parse_input(&text).map_err(|e| match e {
+    let input = parse_credit_input(&text).map_err(|e| match e {
         Error::Format { message, .. } => Error::format(path, message),
         other => other,
     })?;
@@ -143,6 +143,46 @@ fn credit(path: &PathBuf, json: bool) -> tpgrpo::Result<()> {
         print!("{}", render_table(&report));
     }
     Ok(())
+}
+
+/// Renders the report as a table per trajectory. `*` marks a kept turning point, `-` one that
+/// balancing reverted to its step reward.
+fn render_table(report: &CreditReport) -> String {
+    let mut out = String::new();
+    let objective = report.options.objective.name();
+    let (mut kept, mut reverted) = (0, 0);
+    for (i, t) in report.trajectories.iter().enumerate() {
+        let n = t.step_rewards.len();
+        let _ = writeln!(
+            out,
+            "trajectory {i} (prompt {})  R_ode {:+.4}  R_sde {:+.4}  Delta {:+.4}  flow-grpo advantage {:+.4}",
+            t.prompt_id, t.rewards[0], t.rewards[n], t.delta, t.flow_grpo_advantage
+        );
+        let _ = writeln!(out, "  step  R_after      d_k   TP  credited  tp-grpo adv");
+        for k in 0..n {
+            let mark = match (t.turning_points[k], t.candidate_turning_points[k]) {
+                (true, _) => "*",
+                (false, true) => "-",
+                _ => " ",
+            };
+            kept += usize::from(t.turning_points[k]);
+            reverted += usize::from(t.candidate_turning_points[k] && !t.turning_points[k]);
+            let _ = writeln!(
+                out,
+                "  {k:>4}  {:>7.4}  {:>+7.4}   {mark}   {:>+7.4}  {:>+11.4}",
+                t.rewards[k + 1],
+                t.step_rewards[k],
+                t.credited_rewards[k],
+                t.tp_grpo_advantages[k]
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{} trajectories, objective {objective}: {kept} turning point(s) credited, {reverted} reverted by balancing",
+        report.trajectories.len()
+    );
+    out
 }
 
 fn sample(
@@ -209,8 +249,18 @@ fn doctor(stall_secs: u64, epoch: bool) -> tpgrpo::Result<()> {
     };
     let device = backend::device();
     println!("tpgrpo doctor: backend {}, kernel and autotune cache {cache}", backend::NAME);
-    let stages = tpgrpo::doctor::run::<TrainBackend>(&config, &device, &mut std::io::stdout())?;
+    let stages = tpgrpo::doctor::run::<TrainBackend>(&config, &device, &print_stage)?;
     let total: f64 = stages.iter().map(|s| s.seconds).sum();
     println!("all {} stages passed in {total:.1} s", stages.len());
     Ok(())
+}
+
+/// One line per doctor event, flushed at once (a hang shows where it is).
+fn print_stage(event: Event<'_>) {
+    match event {
+        Event::Passed(s) => println!("{:<32}{:9.3} s  {}", s.name, s.seconds, s.detail),
+        Event::Failed { stage, seconds } => println!("{stage:<32}{seconds:9.3} s  FAILED"),
+        Event::Running { stage, seconds } => println!("  ... still in '{stage}' after {seconds} s"),
+    }
+    let _ = std::io::Write::flush(&mut std::io::stdout());
 }

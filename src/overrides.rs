@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 /// `settings` with every `(dotted key, value)` of `updates` applied in order. A key must
 /// name an existing field (the error lists the fields known at the level where it failed) and
 /// the settings must still deserialise after each update. Range checks are the caller's.
-pub fn apply<T: Serialize + DeserializeOwned>(
+pub(crate) fn apply<T: Serialize + DeserializeOwned>(
     settings: &T,
     updates: &[(String, Value)],
 ) -> Result<T> {
@@ -26,7 +26,7 @@ pub fn apply<T: Serialize + DeserializeOwned>(
 }
 
 /// `key.path=value` as an update: `value` is JSON, or else a bare string.
-pub fn parse_assignment(text: &str) -> Result<(String, Value)> {
+pub(crate) fn parse_assignment(text: &str) -> Result<(String, Value)> {
     let (key, raw) = text
         .split_once('=')
         .ok_or_else(|| Error::config(text, "an override is written key.path=value"))?;
@@ -35,7 +35,7 @@ pub fn parse_assignment(text: &str) -> Result<(String, Value)> {
 }
 
 /// Every leaf of a JSON object as `(dotted key, value)` (an empty object is a leaf).
-pub fn leaves(value: &Value) -> Vec<(String, Value)> {
+pub(crate) fn leaves(value: &Value) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     collect_leaves("", value, &mut out);
     out

@@ -5,7 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::reward::Prompt;
+
+/// A prompt and the metadata a reward may read (GenEval-style object lists, OCR text, ...).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Prompt {
+    /// The text given to the text encoders.
+    pub text: String,
+    /// Per-prompt metadata (`null` when the reward needs none).
+    #[serde(default)]
+    pub metadata: serde_json::Value,
+}
 
 /// A dataset folder's two splits.
 #[derive(Debug, Clone, PartialEq)]

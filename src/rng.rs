@@ -37,22 +37,22 @@ impl SplitMix64 {
 }
 
 /// A 64-bit hash of `(a, b)`: independent seeds for every epoch, sample and purpose.
-pub fn mix(a: u64, b: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
     SplitMix64(a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
 }
 
 /// The salts that keep the run seed's uses apart: `mix(seed, SALT + epoch)` and the like.
-pub mod salt {
+pub(crate) mod salt {
     /// The choice of an epoch's prompts.
-    pub const EPOCH_PROMPTS: u64 = 0x70_0000;
+    pub(crate) const EPOCH_PROMPTS: u64 = 0x70_0000;
     /// The order of an epoch's samples (which prompt each rollout row draws).
-    pub const SAMPLE_ORDER: u64 = 0x5A_0000;
+    pub(crate) const SAMPLE_ORDER: u64 = 0x5A_0000;
     /// The order in which kept samples are split into optimizer steps.
-    pub const UPDATE_ORDER: u64 = 0x7A_0000;
+    pub(crate) const UPDATE_ORDER: u64 = 0x7A_0000;
     /// The fresh initial noise of TP-GRPO's pure-ODE sample (`fresh_ode_noise`).
-    pub const FRESH_ODE_NOISE: u64 = 0xF2E5;
+    pub(crate) const FRESH_ODE_NOISE: u64 = 0xF2E5;
     /// The fixed noise of the held-out evaluation images (xor-ed into the run seed).
-    pub const EVALUATION: u64 = 0xE7A1;
+    pub(crate) const EVALUATION: u64 = 0xE7A1;
 }
 
 /// `count` standard normal values for stream `stream` of sample `seed` (Box-Muller);

@@ -27,9 +27,9 @@ use crate::error::{Error, Result};
 const CLIP_SPLIT: &str =
     r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+";
 /// CLIP's begin-of-text token.
-pub const CLIP_BOS: &str = "<|startoftext|>";
+pub(crate) const CLIP_BOS: &str = "<|startoftext|>";
 /// CLIP's end-of-text token.
-pub const CLIP_EOS: &str = "<|endoftext|>";
+pub(crate) const CLIP_EOS: &str = "<|endoftext|>";
 
 /// A tokenizer producing sequences of exactly `length` ids.
 #[derive(Clone)]

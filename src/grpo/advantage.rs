@@ -28,7 +28,7 @@ fn mean_std(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 /// Z-scores each column of `values[sample][step]` within prompt groups:
 /// `A[i,k] = (c[i,k] - mean_{g(i)} c[.,k]) / (std c[.,k] + eps)`, population std over the group
 /// of sample `i` ([`StdScope::Group`]) or over all samples ([`StdScope::Global`]).
-pub fn group_zscores(
+pub(crate) fn group_zscores(
     values: &[Vec<f64>],
     prompt_ids: &[usize],
     scope: StdScope,

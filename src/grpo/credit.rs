@@ -42,7 +42,7 @@ pub fn mean_abs_step_rewards(credits: &[TrajectoryCredit]) -> crate::Result<Vec<
 }
 
 /// Checks a batch of reward sequences: non-empty, equal lengths of at least 2, finite values.
-pub fn validate_batch(batch: &[Vec<f64>]) -> crate::Result<()> {
+pub(crate) fn validate_batch(batch: &[Vec<f64>]) -> crate::Result<()> {
     let first = batch.first().ok_or_else(|| Error::config("batch", "is empty"))?;
     if first.len() < 2 {
         return Err(Error::config(

@@ -9,7 +9,7 @@ use super::credit::{credit_batch, mean_abs_step_rewards};
 
 /// An epoch's rewards, one row per sample, shaped by the objective they serve.
 #[derive(Debug, Clone, PartialEq)]
-pub enum RewardRows {
+pub(crate) enum RewardRows {
     /// TP-GRPO: `[R_ode, R_1, .., R_{n-1}, R_sde]` per sample (the ODE completions' rewards,
     /// then the trajectory's own).
     Sequences(Vec<Vec<f64>>),
@@ -19,7 +19,7 @@ pub enum RewardRows {
 
 impl RewardRows {
     /// The empty rows of `objective`.
-    pub fn empty(objective: Objective) -> Self {
+    pub(crate) fn empty(objective: Objective) -> Self {
         match objective {
             Objective::TpGrpo => RewardRows::Sequences(Vec::new()),
             Objective::FlowGrpo => RewardRows::Finals(Vec::new()),
@@ -27,7 +27,7 @@ impl RewardRows {
     }
 
     /// The final reward `R_sde` of every sample.
-    pub fn finals(&self) -> Vec<f64> {
+    pub(crate) fn finals(&self) -> Vec<f64> {
         match self {
             RewardRows::Sequences(rows) => rows.iter().map(|r| r[r.len() - 1]).collect(),
             RewardRows::Finals(finals) => finals.clone(),
@@ -35,7 +35,7 @@ impl RewardRows {
     }
 
     /// Appends `more` rows of the same objective.
-    pub fn extend(&mut self, more: RewardRows) -> crate::Result<()> {
+    pub(crate) fn extend(&mut self, more: RewardRows) -> crate::Result<()> {
         match (self, more) {
             (RewardRows::Sequences(a), RewardRows::Sequences(b)) => a.extend(b),
             (RewardRows::Finals(a), RewardRows::Finals(b)) => a.extend(b),
@@ -45,16 +45,11 @@ impl RewardRows {
     }
 
     /// The number of samples.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             RewardRows::Sequences(rows) => rows.len(),
             RewardRows::Finals(finals) => finals.len(),
         }
-    }
-
-    /// Whether there are no samples.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -81,7 +76,7 @@ pub struct CreditStats {
 
 /// An epoch's credit: advantages per sample and trained step, and what it found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EpochCredit {
+pub(crate) struct EpochCredit {
     /// `[sample][trained step]`.
     pub advantages: Vec<Vec<f64>>,
     /// The samples with a non-zero advantage at some step, in sample order.
@@ -93,7 +88,7 @@ pub struct EpochCredit {
 /// Advantages of an epoch's samples: TP-GRPO credit (turning points, balancing) and
 /// per-step group z-scores for [`RewardRows::Sequences`]; the z-scored final reward repeated
 /// on each of the `trained_steps` steps for [`RewardRows::Finals`].
-pub fn assign_credit(
+pub(crate) fn assign_credit(
     rows: &RewardRows,
     prompt_ids: &[usize],
     cfg: &ObjectiveConfig,

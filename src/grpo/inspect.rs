@@ -1,12 +1,10 @@
 //! The credit inspector behind `tpgrpo credit`: a JSON batch of reward sequences in, the step
 //! rewards, turning points, credited rewards and advantages out, as a table or as JSON.
 
-use std::fmt::Write;
-
 use serde::{Deserialize, Serialize};
 
 use super::advantage::{flow_grpo_advantages, tp_grpo_advantages};
-use super::config::{Objective, ObjectiveConfig};
+use super::config::ObjectiveConfig;
 use super::credit::credit_batch;
 use crate::error::Error;
 
@@ -56,7 +54,7 @@ pub struct CreditReport {
 }
 
 /// Parses an input file's text.
-pub fn parse_input(text: &str) -> crate::Result<CreditInput> {
+pub fn parse_credit_input(text: &str) -> crate::Result<CreditInput> {
     serde_json::from_str(text)
         .map_err(|e| Error::format("<input>", format!("invalid credit input: {e}")))
 }
@@ -85,47 +83,4 @@ pub fn inspect(input: &CreditInput) -> crate::Result<CreditReport> {
         })
         .collect();
     Ok(CreditReport { options: cfg, trajectories })
-}
-
-/// Renders the report as a table per trajectory. `*` marks a kept turning point, `-` one that
-/// balancing reverted to its step reward.
-pub fn render_table(report: &CreditReport) -> String {
-    let mut out = String::new();
-    let objective = match report.options.objective {
-        Objective::TpGrpo => "tp-grpo",
-        Objective::FlowGrpo => "flow-grpo",
-    };
-    let (mut kept, mut reverted) = (0, 0);
-    for (i, t) in report.trajectories.iter().enumerate() {
-        let n = t.step_rewards.len();
-        let _ = writeln!(
-            out,
-            "trajectory {i} (prompt {})  R_ode {:+.4}  R_sde {:+.4}  Delta {:+.4}  flow-grpo advantage {:+.4}",
-            t.prompt_id, t.rewards[0], t.rewards[n], t.delta, t.flow_grpo_advantage
-        );
-        let _ = writeln!(out, "  step  R_after      d_k   TP  credited  tp-grpo adv");
-        for k in 0..n {
-            let mark = match (t.turning_points[k], t.candidate_turning_points[k]) {
-                (true, _) => "*",
-                (false, true) => "-",
-                _ => " ",
-            };
-            kept += usize::from(t.turning_points[k]);
-            reverted += usize::from(t.candidate_turning_points[k] && !t.turning_points[k]);
-            let _ = writeln!(
-                out,
-                "  {k:>4}  {:>7.4}  {:>+7.4}   {mark}   {:>+7.4}  {:>+11.4}",
-                t.rewards[k + 1],
-                t.step_rewards[k],
-                t.credited_rewards[k],
-                t.tp_grpo_advantages[k]
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "{} trajectories, objective {objective}: {kept} turning point(s) credited, {reverted} reverted by balancing",
-        report.trajectories.len()
-    );
-    out
 }

@@ -1,7 +1,7 @@
 //! Turning points: trained steps whose reward change turns toward the trajectory's overall trend.
 
 /// `sign(x)` with `sign(0) = 0` (NaN counts as 0: it never passes a strict test).
-pub fn sign(x: f64) -> i8 {
+pub(crate) fn sign(x: f64) -> i8 {
     if x > 0.0 {
         1
     } else if x < 0.0 {

@@ -6,20 +6,20 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
 /// Splits `[B, N, H*Dh]` into heads `[B, H, N, Dh]`.
-pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+pub(crate) fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     let [b, n, d] = x.dims();
     x.reshape([b, n, heads, d / heads]).swap_dims(1, 2)
 }
 
 /// Merges heads `[B, H, N, Dh]` back into `[B, N, H*Dh]`.
-pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+pub(crate) fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
     let [b, h, n, dh] = x.dims();
     x.swap_dims(1, 2).reshape([b, n, h * dh])
 }
 
 /// How attention scores are formed besides `q k^T`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Scores {
+pub(crate) struct Scores {
     /// The factor on `q k^T`; `None`: `1 / sqrt(Dh)`.
     pub scale: Option<f64>,
     /// Mask every key after its query (CLIP's text encoder).
@@ -28,7 +28,7 @@ pub struct Scores {
 
 /// `softmax(scale q k^T + bias [+ causal mask]) v` over heads: `q [B, H, Nq, Dh]`,
 /// `k, v [B, H, Nk, Dh]`, `bias` broadcastable to `[B, H, Nq, Nk]` (T5's relative positions).
-pub fn attend<B: Backend>(
+pub(crate) fn attend<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -45,7 +45,7 @@ pub fn attend<B: Backend>(
 
 /// Self-attention of tokens `[B, N, H*Dh]` from their projections: split into `heads`,
 /// [`attend`], merged back.
-pub fn self_attention<B: Backend>(
+pub(crate) fn self_attention<B: Backend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,

@@ -17,18 +17,19 @@ use burn::prelude::*;
 use super::lora_linear::{LoraAdapter, LoraLinear};
 use super::MMDiT;
 
+use crate::files::write_atomically;
 use crate::rng::gaussian;
-use crate::weights::{save_safetensors, write_atomically, WeightFiles};
+use crate::weights::{save_safetensors, WeightFiles};
 
 /// PEFT's adapter weight file name.
-pub const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
+pub(crate) const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
 /// PEFT's adapter configuration file name.
-pub const PEFT_CONFIG: &str = "adapter_config.json";
+pub(crate) const PEFT_CONFIG: &str = "adapter_config.json";
 /// Key prefix PEFT gives the wrapped model's modules.
-pub const PEFT_PREFIX: &str = "base_model.model.";
+pub(crate) const PEFT_PREFIX: &str = "base_model.model.";
 
 /// The Flow-GRPO / TP-GRPO LoRA targets: the eight joint-attention projections.
-pub fn default_targets() -> Vec<String> {
+pub(crate) fn default_targets() -> Vec<String> {
     ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"]
         .into_iter()
         .chain(["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"])
@@ -86,7 +87,7 @@ fn suffix_match(name: &str, target: &str) -> bool {
 impl<B: Backend> MMDiT<B> {
     /// Every attention projection with its diffusers module name
     /// (`transformer_blocks.{i}.attn.to_q`, `transformer_blocks.{i}.attn2.to_out.0`, ...).
-    pub fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear<B>)> {
+    pub(crate) fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear<B>)> {
         let mut out = Vec::new();
         for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
             for (name, p) in block.attn.projections_mut() {
@@ -102,7 +103,7 @@ impl<B: Backend> MMDiT<B> {
     }
 
     /// The attached adapters by module name, in model order.
-    pub fn adapters(&self) -> Vec<(String, LoraAdapter<B>)> {
+    pub(crate) fn adapters(&self) -> Vec<(String, LoraAdapter<B>)> {
         self.clone()
             .projections_mut()
             .into_iter()

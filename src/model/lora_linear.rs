@@ -9,18 +9,18 @@ use crate::model::precision::{float_dtype, to_dtype};
 
 /// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
 #[derive(Module, Debug)]
-pub struct LoraLinear<B: Backend> {
+pub(crate) struct LoraLinear<B: Backend> {
     /// Base weight `[in, out]` (Burn layout; PyTorch stores `[out, in]`).
     pub weight: Param<Tensor<B, 2>>,
     /// Base bias `[out]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
     /// The adapter, when attached.
-    pub lora: Option<LoraAdapter<B>>,
+    pub(crate) lora: Option<LoraAdapter<B>>,
 }
 
 /// The low-rank update of one linear layer.
 #[derive(Module, Debug)]
-pub struct LoraAdapter<B: Backend> {
+pub(crate) struct LoraAdapter<B: Backend> {
     /// `A: [in, r]` (PEFT's `lora_A.weight` transposed).
     pub lora_a: Param<Tensor<B, 2>>,
     /// `B: [r, out]` (PEFT's `lora_B.weight` transposed).
@@ -31,13 +31,13 @@ pub struct LoraAdapter<B: Backend> {
 
 impl<B: Backend> LoraLinear<B> {
     /// A randomly initialised `d_in -> d_out` layer with bias (Burn's `Linear` initialisation).
-    pub fn new(d_in: usize, d_out: usize, device: &B::Device) -> Self {
+    pub(crate) fn new(d_in: usize, d_out: usize, device: &B::Device) -> Self {
         let base = burn::nn::LinearConfig::new(d_in, d_out).init::<B>(device);
         LoraLinear { weight: base.weight, bias: base.bias, lora: None }
     }
 
     /// `x W + b`, plus `scale (x A) B` when an adapter is attached.
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let base = linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
         match &self.lora {
             None => base,
@@ -52,13 +52,13 @@ impl<B: Backend> LoraLinear<B> {
     }
 
     /// `[in, out]` of the base weight.
-    pub fn dims(&self) -> [usize; 2] {
+    pub(crate) fn dims(&self) -> [usize; 2] {
         let shape = self.weight.lazy_shape();
         [shape[0], shape[1]]
     }
 
     /// The layer with `W + scale A B` as its weight and no adapter.
-    pub fn merged(self) -> Self {
+    pub(crate) fn merged(self) -> Self {
         let weight = match &self.lora {
             None => return self,
             Some(l) => {

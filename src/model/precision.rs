@@ -110,14 +110,14 @@ pub fn cast_params<B: Backend, M: Module<B>>(module: M, dtype: FloatDType) -> M 
 }
 
 /// The float dtype of a tensor (every float tensor of this crate has one).
-pub fn float_dtype<B: Backend, const D: usize>(x: &Tensor<B, D>) -> FloatDType {
+pub(crate) fn float_dtype<B: Backend, const D: usize>(x: &Tensor<B, D>) -> FloatDType {
     x.dtype().into()
 }
 
 /// `f(x)` computed in f32 and returned in `x`'s dtype: the norms, whose mean and variance lose
 /// too much in bf16 (torch computes them in f32 under autocast, and diffusers' RMSNorm
 /// upcasts explicitly). A no-op wrapper for f32 inputs.
-pub fn in_f32<B: Backend, const D: usize>(
+pub(crate) fn in_f32<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     f: impl FnOnce(Tensor<B, D>) -> Tensor<B, D>,
 ) -> Tensor<B, D> {
@@ -129,7 +129,10 @@ pub fn in_f32<B: Backend, const D: usize>(
 }
 
 /// `x` in `dtype` (no cast, and no autodiff node, when it already is).
-pub fn to_dtype<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -> Tensor<B, D> {
+pub(crate) fn to_dtype<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    dtype: FloatDType,
+) -> Tensor<B, D> {
     if float_dtype(&x) == dtype {
         x
     } else {

@@ -120,7 +120,7 @@ impl T5Config {
 
 /// RMS norm without mean subtraction or bias: `x / sqrt(mean(x^2) + eps) * weight`.
 #[derive(Module, Debug)]
-pub struct T5LayerNorm<B: Backend> {
+pub(crate) struct T5LayerNorm<B: Backend> {
     /// Per-channel scale.
     pub weight: Param<Tensor<B, 1>>,
     eps: f64,
@@ -128,7 +128,7 @@ pub struct T5LayerNorm<B: Backend> {
 
 impl<B: Backend> T5LayerNorm<B> {
     /// Normalises the last dimension.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let var = x.clone().square().mean_dim(2);
         x / (var + self.eps).sqrt() * self.weight.val().unsqueeze::<3>()
     }
@@ -137,23 +137,23 @@ impl<B: Backend> T5LayerNorm<B> {
 /// Self-attention without score scaling (T5 folds it into the weights), plus the
 /// relative-position bias owned by the first block.
 #[derive(Module, Debug)]
-pub struct T5Attention<B: Backend> {
+pub(crate) struct T5Attention<B: Backend> {
     /// Query projection.
-    pub q: Linear<B>,
+    pub(crate) q: Linear<B>,
     /// Key projection.
-    pub k: Linear<B>,
+    pub(crate) k: Linear<B>,
     /// Value projection.
-    pub v: Linear<B>,
+    pub(crate) v: Linear<B>,
     /// Output projection.
-    pub o: Linear<B>,
+    pub(crate) o: Linear<B>,
     /// `[buckets, heads]`, first block only.
-    pub relative_attention_bias: Option<Embedding<B>>,
+    pub(crate) relative_attention_bias: Option<Embedding<B>>,
     heads: usize,
 }
 
 impl<B: Backend> T5Attention<B> {
     /// `o(softmax(q k^T + bias) v)` for `x: [B, T, D]` and `bias: [1, H, T, T]`.
-    pub fn forward(&self, x: Tensor<B, 3>, bias: Tensor<B, 4>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>, bias: Tensor<B, 4>) -> Tensor<B, 3> {
         let h = self.heads;
         let q = split_heads(self.q.forward(x.clone()), h);
         let k = split_heads(self.k.forward(x.clone()), h);
@@ -166,19 +166,19 @@ impl<B: Backend> T5Attention<B> {
 /// Gated feed-forward `wo(act(wi_0 x) * wi_1 x)`; T5 v1.1's gated-gelu uses the tanh
 /// approximation of GELU (`gelu_new`).
 #[derive(Module, Debug)]
-pub struct T5DenseActDense<B: Backend> {
+pub(crate) struct T5DenseActDense<B: Backend> {
     /// Activated input projection.
-    pub wi_0: Linear<B>,
+    pub(crate) wi_0: Linear<B>,
     /// Linear gate.
-    pub wi_1: Linear<B>,
+    pub(crate) wi_1: Linear<B>,
     /// Output projection.
-    pub wo: Linear<B>,
+    pub(crate) wo: Linear<B>,
     relu: bool,
 }
 
 impl<B: Backend> T5DenseActDense<B> {
     /// Applies the feed-forward layer.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.wi_0.forward(x.clone());
         let h = if self.relu { relu(h) } else { gelu_approximate(h) };
         self.wo.forward(h * self.wi_1.forward(x))
@@ -187,40 +187,40 @@ impl<B: Backend> T5DenseActDense<B> {
 
 /// One encoder block: pre-norm attention and pre-norm feed-forward, both residual.
 #[derive(Module, Debug)]
-pub struct T5Block<B: Backend> {
+pub(crate) struct T5Block<B: Backend> {
     /// `layer.0.SelfAttention`.
-    pub self_attention: T5Attention<B>,
+    pub(crate) self_attention: T5Attention<B>,
     /// `layer.0.layer_norm`.
-    pub attention_norm: T5LayerNorm<B>,
+    pub(crate) attention_norm: T5LayerNorm<B>,
     /// `layer.1.DenseReluDense`.
-    pub ff: T5DenseActDense<B>,
+    pub(crate) ff: T5DenseActDense<B>,
     /// `layer.1.layer_norm`.
-    pub ff_norm: T5LayerNorm<B>,
+    pub(crate) ff_norm: T5LayerNorm<B>,
 }
 
 /// The encoder blocks and final norm (`encoder.*`).
 #[derive(Module, Debug)]
-pub struct T5Stack<B: Backend> {
+pub(crate) struct T5Stack<B: Backend> {
     /// Blocks in order.
-    pub block: Vec<T5Block<B>>,
+    pub(crate) block: Vec<T5Block<B>>,
     /// Norm after the last block.
-    pub final_layer_norm: T5LayerNorm<B>,
+    pub(crate) final_layer_norm: T5LayerNorm<B>,
 }
 
 /// `T5EncoderModel`.
 #[derive(Module, Debug)]
 pub struct T5EncoderModel<B: Backend> {
     /// Token embedding (`shared`; `encoder.embed_tokens` is the same tensor).
-    pub shared: Embedding<B>,
+    pub(crate) shared: Embedding<B>,
     /// The encoder.
-    pub encoder: T5Stack<B>,
+    pub(crate) encoder: T5Stack<B>,
     num_buckets: usize,
     max_distance: usize,
     vocab_size: usize,
 }
 
 /// The checkpoint key of a T5 module parameter path (see the module doc).
-pub fn t5_key(path: &str) -> String {
+pub(crate) fn t5_key(path: &str) -> String {
     let renames = [
         (".self_attention.", ".layer.0.SelfAttention."),
         (".attention_norm.", ".layer.0.layer_norm."),
@@ -233,7 +233,11 @@ pub fn t5_key(path: &str) -> String {
 /// The bidirectional relative-position bucket of `relative = key - query` (transformers'
 /// `_relative_position_bucket`): half the buckets per direction; distances below a quarter of
 /// the buckets are exact, larger ones share log-spaced buckets up to `max_distance`.
-pub fn relative_position_bucket(relative: i64, num_buckets: usize, max_distance: usize) -> usize {
+pub(crate) fn relative_position_bucket(
+    relative: i64,
+    num_buckets: usize,
+    max_distance: usize,
+) -> usize {
     let half = num_buckets / 2;
     let base = if relative > 0 { half } else { 0 };
     let n = relative.unsigned_abs() as usize;

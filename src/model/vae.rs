@@ -15,7 +15,7 @@ use crate::model::attention::{self_attention, Scores};
 use crate::weights::{apply_plan, load_folder, torch_param_name, Source, WeightFiles};
 
 /// Key prefix of the VAE in Stability single-file checkpoints.
-pub const LDM_PREFIX: &str = "first_stage_model.";
+pub(crate) const LDM_PREFIX: &str = "first_stage_model.";
 
 /// A VAE's `config.json` (the fields SD3 uses).
 #[derive(Config, Debug)]
@@ -53,7 +53,7 @@ pub struct VaeConfig {
 
 /// The most resolution levels a VAE may have (SD3's has 4): the image-to-latent factor
 /// `2^(levels - 1)` stays far from overflow.
-pub const MAX_LEVELS: usize = 16;
+pub(crate) const MAX_LEVELS: usize = 16;
 
 /// GroupNorm epsilon of every VAE norm.
 const EPS: f64 = 1e-6;
@@ -175,17 +175,17 @@ fn conv<B: Backend>(
 /// Residual block `x + conv2(silu(norm2(conv1(silu(norm1 x)))))`, with a 1x1 `conv_shortcut`
 /// on `x` when the channel count changes.
 #[derive(Module, Debug)]
-pub struct Resnet<B: Backend> {
+pub(crate) struct Resnet<B: Backend> {
     /// First norm.
-    pub norm1: GroupNorm<B>,
+    pub(crate) norm1: GroupNorm<B>,
     /// First 3x3 convolution.
-    pub conv1: Conv2d<B>,
+    pub(crate) conv1: Conv2d<B>,
     /// Second norm.
-    pub norm2: GroupNorm<B>,
+    pub(crate) norm2: GroupNorm<B>,
     /// Second 3x3 convolution.
-    pub conv2: Conv2d<B>,
+    pub(crate) conv2: Conv2d<B>,
     /// 1x1 projection of the input, when channels change.
-    pub conv_shortcut: Option<Conv2d<B>>,
+    pub(crate) conv_shortcut: Option<Conv2d<B>>,
 }
 
 impl<B: Backend> Resnet<B> {
@@ -201,7 +201,7 @@ impl<B: Backend> Resnet<B> {
     }
 
     /// Applies the block to `[B, C, H, W]`.
-    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub(crate) fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let h = self.conv1.forward(silu(self.norm1.forward(x.clone())));
         let h = self.conv2.forward(silu(self.norm2.forward(h)));
         let x = match &self.conv_shortcut {
@@ -214,23 +214,23 @@ impl<B: Backend> Resnet<B> {
 
 /// Single-head self-attention over the pixels of the lowest resolution, residual.
 #[derive(Module, Debug)]
-pub struct VaeAttention<B: Backend> {
+pub(crate) struct VaeAttention<B: Backend> {
     /// Input norm.
-    pub group_norm: GroupNorm<B>,
+    pub(crate) group_norm: GroupNorm<B>,
     /// Query projection.
-    pub to_q: Linear<B>,
+    pub(crate) to_q: Linear<B>,
     /// Key projection.
-    pub to_k: Linear<B>,
+    pub(crate) to_k: Linear<B>,
     /// Value projection.
-    pub to_v: Linear<B>,
+    pub(crate) to_v: Linear<B>,
     /// Output projection (`to_out.0`).
-    pub to_out: Linear<B>,
+    pub(crate) to_out: Linear<B>,
 }
 
 impl<B: Backend> VaeAttention<B> {
     /// `x + to_out(softmax(q k^T / sqrt(C)) v)` with `q, k, v` from `group_norm(x)` as
     /// `[B, HW, C]`.
-    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub(crate) fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, c, h, w] = x.dims();
         let t = self.group_norm.forward(x.clone()).reshape([b, c, h * w]).swap_dims(1, 2);
         let q = self.to_q.forward(t.clone());
@@ -243,11 +243,11 @@ impl<B: Backend> VaeAttention<B> {
 
 /// Resnet, attention, resnet at the lowest resolution.
 #[derive(Module, Debug)]
-pub struct MidBlock<B: Backend> {
+pub(crate) struct MidBlock<B: Backend> {
     /// The two resnets.
-    pub resnets: Vec<Resnet<B>>,
+    pub(crate) resnets: Vec<Resnet<B>>,
     /// The one attention.
-    pub attentions: Vec<VaeAttention<B>>,
+    pub(crate) attentions: Vec<VaeAttention<B>>,
 }
 
 impl<B: Backend> MidBlock<B> {
@@ -266,7 +266,7 @@ impl<B: Backend> MidBlock<B> {
     }
 
     /// Applies the block.
-    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub(crate) fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = self.resnets[0].forward(x);
         let x = self.attentions[0].forward(x);
         self.resnets[1].forward(x)
@@ -275,57 +275,57 @@ impl<B: Backend> MidBlock<B> {
 
 /// The 3x3 convolution of a down- or upsampler.
 #[derive(Module, Debug)]
-pub struct Sampler<B: Backend> {
+pub(crate) struct Sampler<B: Backend> {
     /// Stride-2 unpadded (down) or stride-1 padded (up) convolution.
-    pub conv: Conv2d<B>,
+    pub(crate) conv: Conv2d<B>,
 }
 
 /// Encoder level: resnets, then a downsampler except at the last level.
 #[derive(Module, Debug)]
-pub struct DownBlock<B: Backend> {
+pub(crate) struct DownBlock<B: Backend> {
     /// Resnets.
-    pub resnets: Vec<Resnet<B>>,
+    pub(crate) resnets: Vec<Resnet<B>>,
     /// Zero or one downsampler: pad right/bottom by 1, 3x3 conv with stride 2.
-    pub downsamplers: Vec<Sampler<B>>,
+    pub(crate) downsamplers: Vec<Sampler<B>>,
 }
 
 /// Decoder level: resnets, then a nearest-neighbour x2 upsampler except at the last level.
 #[derive(Module, Debug)]
-pub struct UpBlock<B: Backend> {
+pub(crate) struct UpBlock<B: Backend> {
     /// Resnets.
-    pub resnets: Vec<Resnet<B>>,
+    pub(crate) resnets: Vec<Resnet<B>>,
     /// Zero or one upsampler: nearest x2, 3x3 conv.
-    pub upsamplers: Vec<Sampler<B>>,
+    pub(crate) upsamplers: Vec<Sampler<B>>,
 }
 
 /// Image to latent moments.
 #[derive(Module, Debug)]
-pub struct Encoder<B: Backend> {
+pub(crate) struct Encoder<B: Backend> {
     /// Stem convolution.
-    pub conv_in: Conv2d<B>,
+    pub(crate) conv_in: Conv2d<B>,
     /// Levels, finest first.
-    pub down_blocks: Vec<DownBlock<B>>,
+    pub(crate) down_blocks: Vec<DownBlock<B>>,
     /// Lowest-resolution block.
-    pub mid_block: MidBlock<B>,
+    pub(crate) mid_block: MidBlock<B>,
     /// Output norm.
-    pub conv_norm_out: GroupNorm<B>,
+    pub(crate) conv_norm_out: GroupNorm<B>,
     /// To `2 * latent` channels (mean, log-variance).
-    pub conv_out: Conv2d<B>,
+    pub(crate) conv_out: Conv2d<B>,
 }
 
 /// Latent to image.
 #[derive(Module, Debug)]
-pub struct Decoder<B: Backend> {
+pub(crate) struct Decoder<B: Backend> {
     /// Stem convolution.
-    pub conv_in: Conv2d<B>,
+    pub(crate) conv_in: Conv2d<B>,
     /// Lowest-resolution block.
-    pub mid_block: MidBlock<B>,
+    pub(crate) mid_block: MidBlock<B>,
     /// Levels, coarsest first.
-    pub up_blocks: Vec<UpBlock<B>>,
+    pub(crate) up_blocks: Vec<UpBlock<B>>,
     /// Output norm.
-    pub conv_norm_out: GroupNorm<B>,
+    pub(crate) conv_norm_out: GroupNorm<B>,
     /// To image channels.
-    pub conv_out: Conv2d<B>,
+    pub(crate) conv_out: Conv2d<B>,
 }
 
 /// Nearest-neighbour x2 upsampling of `[B, C, H, W]`.
@@ -338,9 +338,9 @@ fn upsample_nearest<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
 #[derive(Module, Debug)]
 pub struct AutoencoderKL<B: Backend> {
     /// Image encoder.
-    pub encoder: Encoder<B>,
+    pub(crate) encoder: Encoder<B>,
     /// Latent decoder.
-    pub decoder: Decoder<B>,
+    pub(crate) decoder: Decoder<B>,
     scaling_factor: f64,
     shift_factor: f64,
     latent_channels: usize,
@@ -352,7 +352,7 @@ pub struct AutoencoderKL<B: Backend> {
 /// `up.(levels-1-i)`, `resnets` -> `block`, `mid_block.resnets.0/1` -> `mid.block_1/2`,
 /// `mid_block.attentions.0` -> `mid.attn_1` (`q, k, v, proj_out, norm`), `conv_shortcut` ->
 /// `nin_shortcut`, `conv_norm_out` -> `norm_out`, samplers' `downsamplers.0` -> `downsample`.
-pub fn ldm_key(key: &str, levels: usize) -> String {
+pub(crate) fn ldm_key(key: &str, levels: usize) -> String {
     let mut parts: Vec<String> = key.split('.').map(str::to_string).collect();
     let mut out = Vec::new();
     let mut i = 0;

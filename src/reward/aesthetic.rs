@@ -8,10 +8,11 @@ use burn::prelude::*;
 use burn::store::TensorSnapshot;
 use burn_store::pytorch::PytorchReader;
 
-use super::{Prompt, Reward};
+use super::Reward;
 use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::model::clip::ClipModel;
+use crate::prompts::Prompt;
 
 /// The indices of the linear layers in the released `layers` `nn.Sequential` (dropouts
 /// between them hold no weights).
@@ -20,9 +21,9 @@ const LINEAR_KEYS: [usize; 5] = [0, 2, 4, 6, 7];
 /// `Linear(768, 1024) -> Linear(1024, 128) -> Linear(128, 64) -> Linear(64, 16) ->
 /// Linear(16, 1)` with no activations (dropouts are identity at inference).
 #[derive(Module, Debug)]
-pub struct AestheticMlp<B: Backend> {
+pub(crate) struct AestheticMlp<B: Backend> {
     /// The five linear layers, in order (`layers.0, 2, 4, 6, 7` in the file).
-    pub layers: Vec<Linear<B>>,
+    pub(crate) layers: Vec<Linear<B>>,
 }
 
 fn tensor(reader: &PytorchReader, path: &Path, key: &str) -> Result<(Vec<f32>, Vec<usize>)> {
@@ -42,7 +43,7 @@ impl<B: Backend> AestheticMlp<B> {
     /// Reads the released `sac+logos+ava1-l14-linearMSE.pth` (a PyTorch `state_dict` with
     /// keys `layers.{0,2,4,6,7}.{weight,bias}`), or any file of that layout; the layer sizes
     /// come from the file and must chain, ending in one output.
-    pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
+    pub(crate) fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
         let path = path.as_ref();
         let reader = PytorchReader::new(path)
             .map_err(|e| Error::format(path, format!("cannot read a PyTorch file: {e}")))?;
@@ -78,12 +79,12 @@ impl<B: Backend> AestheticMlp<B> {
     }
 
     /// The input width (the CLIP embedding width it expects).
-    pub fn input_width(&self) -> usize {
+    pub(crate) fn input_width(&self) -> usize {
         self.layers[0].weight.dims()[0]
     }
 
     /// Scores `[B]` of embeddings `[B, D]`.
-    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 1> {
+    pub(crate) fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 1> {
         let x = self.layers.iter().fold(x, |x, layer| layer.forward(x));
         let b = x.dims()[0];
         x.reshape([b])

@@ -5,13 +5,14 @@ use std::path::Path;
 
 use burn::prelude::*;
 
-use super::{Prompt, Reward};
+use super::Reward;
 use crate::error::Result;
 use crate::image::Image;
 use crate::model::clip::ClipModel;
+use crate::prompts::Prompt;
 
 /// Images scored per forward pass.
-pub const CLIP_BATCH: usize = 16;
+pub(crate) const CLIP_BATCH: usize = 16;
 /// flow_grpo's PickScore divisor (scores of order 0.8).
 pub const PICKSCORE_DIVISOR: f64 = 26.0;
 /// flow_grpo's CLIPScore divisor.

@@ -1,29 +1,20 @@
 //! Rewards: a batched scorer of images given their prompts, and weighted sums of scorers.
 
-mod aesthetic;
-mod clip;
-pub mod server;
-pub mod spec;
+pub(crate) mod aesthetic;
+pub(crate) mod clip;
+pub(crate) mod server;
+pub(crate) mod spec;
 
-pub use aesthetic::{Aesthetic, AestheticMlp};
-pub use clip::{ClipSimilarity, CLIPSCORE_DIVISOR, CLIP_BATCH, PICKSCORE_DIVISOR};
+pub use aesthetic::Aesthetic;
+pub use clip::{ClipSimilarity, CLIPSCORE_DIVISOR, PICKSCORE_DIVISOR};
 pub use server::{Protocol, RewardServer, ServerConfig};
 pub use spec::{load_rewards, RewardSpec};
 
 use crate::image::Image;
+use crate::prompts::Prompt;
 
 use crate::error::{Error, Result};
 use crate::finite::no_overflow;
-
-/// A prompt and the metadata a reward may read (GenEval-style object lists, OCR text, ...).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Prompt {
-    /// The text given to the text encoders.
-    pub text: String,
-    /// Per-prompt metadata (`null` when the reward needs none).
-    #[serde(default)]
-    pub metadata: serde_json::Value,
-}
 
 /// A batched reward: one finite score per image.
 pub trait Reward {

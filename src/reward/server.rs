@@ -11,9 +11,10 @@ use burn::config::Config;
 use serde_json::Value as Json;
 use serde_pickle::{HashableValue, Value as Pickle};
 
-use super::{Prompt, Reward};
+use super::Reward;
 use crate::error::Error;
 use crate::image::Image;
+use crate::prompts::Prompt;
 
 /// Largest response body read (64 MiB): a reply holds a few numbers per image.
 const MAX_RESPONSE_BYTES: u64 = 64 << 20;

@@ -9,7 +9,7 @@ use super::{Aesthetic, ClipSimilarity, Protocol, Reward, RewardServer, ServerCon
 use crate::error::{Error, Result};
 
 /// The kinds given a path or URL.
-pub const MODEL_KINDS: &str =
+pub(crate) const MODEL_KINDS: &str =
     "pickscore=DIR, clipscore=DIR, aesthetic=DIR|FILE.pth, server=URL, json-server=URL";
 
 /// One `--reward` value.

@@ -38,7 +38,10 @@ impl<B: Backend> Conditioning<B> {
 }
 
 /// The rows `rows` of `t` along dimension 0, in that order (repeats allowed).
-pub fn select_rows<B: Backend, const D: usize>(t: &Tensor<B, D>, rows: &[usize]) -> Tensor<B, D> {
+pub(crate) fn select_rows<B: Backend, const D: usize>(
+    t: &Tensor<B, D>,
+    rows: &[usize],
+) -> Tensor<B, D> {
     let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
     let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &t.device());
     t.clone().select(0, idx)

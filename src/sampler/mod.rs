@@ -3,12 +3,12 @@
 //! rollouts with an SDE window and ODE completions, and the text-to-image interface around
 //! the denoiser.
 
-pub mod guidance;
-pub mod noise;
-pub mod rollout;
-pub mod schedule;
-pub mod step;
-pub mod text_to_image;
+pub(crate) mod guidance;
+pub(crate) mod noise;
+pub(crate) mod rollout;
+pub(crate) mod schedule;
+pub(crate) mod step;
+pub(crate) mod text_to_image;
 
 pub use guidance::{guided_velocity, Conditioning, Guidance, VelocityModel};
 pub use noise::seeded_noise;

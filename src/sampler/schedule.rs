@@ -4,10 +4,10 @@ use crate::error::Error;
 
 /// The most sampling steps a schedule takes (diffusers trains on 1000 timesteps; more steps
 /// only re-sample the same ones, and each stores a latent per sample in training).
-pub const MAX_STEPS: usize = 10_000;
+pub(crate) const MAX_STEPS: usize = 10_000;
 
 /// Training timesteps of the flow-matching scheduler.
-pub const TRAIN_TIMESTEPS: f64 = 1000.0;
+pub(crate) const TRAIN_TIMESTEPS: f64 = 1000.0;
 
 /// The noise levels of an N-step sampling run: `N + 1` sigmas from 1 down to 0.
 #[derive(Debug, Clone, PartialEq)]

@@ -25,14 +25,15 @@ use super::draw::{Placed, IMAGE_SIZE, OBJECT_SIZE};
 use super::prompt::{Color, Relation, Scene, Shape};
 use crate::error::Result;
 use crate::image::Image;
-use crate::reward::{Prompt, Reward};
+use crate::prompts::Prompt;
+use crate::reward::Reward;
 
 /// Width `tau` of a colour's soft membership, in RGB distance (palette colours and black are
 /// at least 0.75 apart).
-pub const COLOR_WIDTH: f32 = 0.2;
+pub(crate) const COLOR_WIDTH: f32 = 0.2;
 
 /// Pixels of one object of `shape` with bounding-box side `side`, as the renderer draws it.
-pub fn object_area(shape: Shape, side: usize) -> f64 {
+pub(crate) fn object_area(shape: Shape, side: usize) -> f64 {
     let placed = Placed { shape, rgb: [0.0; 3], x: 0, y: 0, side };
     let pixels = (0..side).flat_map(|y| (0..side).map(move |x| (x, y)));
     pixels.filter(|&(x, y)| placed.covers(x, y)).count() as f64
@@ -93,7 +94,7 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// The alignment score of `image` with `scene` (see the module doc).
-pub fn alignment(scene: &Scene, image: &Image) -> f64 {
+pub(crate) fn alignment(scene: &Scene, image: &Image) -> f64 {
     let m = masses(image);
     let pixels = (image.width * image.height) as f64;
     // Toy pixels per image pixel, in area and along a side.
@@ -140,7 +141,7 @@ pub fn alignment(scene: &Scene, image: &Image) -> f64 {
     purity * terms.iter().sum::<f64>() / terms.len() as f64
 }
 
-/// The embedded task's default [`Reward`]: [`alignment`] of each image with its prompt's
+/// The embedded task's default [`Reward`]: the alignment of each image with its prompt's
 /// scene metadata.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ToyAlignment;

@@ -7,13 +7,13 @@ use crate::rng::SplitMix64;
 /// Side of the toy images in pixels.
 pub const IMAGE_SIZE: usize = 32;
 /// Smallest and largest object side in pixels.
-pub const OBJECT_SIZE: (usize, usize) = (8, 11);
+pub(crate) const OBJECT_SIZE: (usize, usize) = (8, 11);
 /// Minimum centre offset, in pixels, along the axis of a relation.
-pub const RELATION_MARGIN: f32 = 6.0;
+pub(crate) const RELATION_MARGIN: f32 = 6.0;
 
 /// An object's placement: shape, colour and bounding box `[x0, y0, side]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// The shape.
     pub shape: Shape,
     /// RGB fill.
@@ -39,7 +39,7 @@ impl Placed {
     }
 
     /// Whether pixel `(px, py)` (its centre) lies inside the shape.
-    pub fn covers(&self, px: usize, py: usize) -> bool {
+    pub(crate) fn covers(&self, px: usize, py: usize) -> bool {
         if px < self.x || py < self.y || px >= self.x + self.side || py >= self.y + self.side {
             return false;
         }
@@ -65,7 +65,7 @@ fn satisfies(rel: Relation, placed: &Placed, anchor: &Placed) -> bool {
 }
 
 /// A random layout of `scene` (non-overlapping objects, relations honoured), drawn from `seed`.
-pub fn layout(scene: &Scene, seed: u64) -> Vec<Placed> {
+pub(crate) fn layout(scene: &Scene, seed: u64) -> Vec<Placed> {
     let mut rng = SplitMix64(seed);
     'attempt: loop {
         let mut objects: Vec<Placed> = Vec::new();
@@ -99,7 +99,7 @@ pub fn layout(scene: &Scene, seed: u64) -> Vec<Placed> {
 }
 
 /// Paints `objects` on a black `IMAGE_SIZE x IMAGE_SIZE` canvas.
-pub fn paint(objects: &[Placed]) -> Image {
+pub(crate) fn paint(objects: &[Placed]) -> Image {
     let n = IMAGE_SIZE;
     let mut pixels = vec![0.0f32; n * n * 3];
     for o in objects {

@@ -3,11 +3,11 @@
 //!
 //! The "latent" is the image itself scaled to `[-1, 1]` (no VAE): `z = 2x - 1`, `x = z/2 + 1/2`.
 
-pub mod alignment;
-pub mod draw;
-pub mod prompt;
-pub mod scorer;
-pub mod text;
+pub(crate) mod alignment;
+pub(crate) mod draw;
+pub(crate) mod prompt;
+pub(crate) mod scorer;
+pub(crate) mod text;
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +26,7 @@ pub use scorer::{ToyChecks, ToyScorer};
 pub use text::ToyTextEncoder;
 
 /// Text encoder weight file inside the toy model folder.
-pub const TEXT_ENCODER_FILE: &str = "text_encoder.safetensors";
+pub(crate) const TEXT_ENCODER_FILE: &str = "text_encoder.safetensors";
 
 /// The shipped toy model folder: `models/toy` of this crate's source tree, or, for a binary
 /// copied away from it (a GPU machine), `models/toy` under the working folder when the
@@ -210,3 +210,6 @@ pub fn trainer<B: burn::tensor::backend::AutodiffBackend>(
         out_dir,
     )
 }
+
+#[cfg(test)]
+mod tests;

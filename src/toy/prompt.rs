@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::reward::Prompt;
+use crate::prompts::Prompt;
 
 /// Object colours, with the RGB the renderer paints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,7 +192,7 @@ fn single(color: Color, class: Shape, count: usize) -> Include {
 }
 
 /// Every toy scene: 36 counting, 66 two-object and 264 position scenes, in a fixed order.
-pub fn all_scenes() -> Vec<Scene> {
+pub(crate) fn all_scenes() -> Vec<Scene> {
     let objects: Vec<(Color, Shape)> =
         Color::ALL.iter().flat_map(|&c| Shape::ALL.iter().map(move |&s| (c, s))).collect();
     let mut scenes = Vec::new();
@@ -232,7 +232,7 @@ pub enum Split {
     Eval,
 }
 
-/// The prompts of `split` (every fifth scene of [`all_scenes`] is held out).
+/// The prompts of `split` (every fifth scene of the task's grammar is held out).
 pub fn prompts(split: Split) -> Vec<Prompt> {
     all_scenes()
         .iter()

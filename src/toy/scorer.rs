@@ -9,18 +9,19 @@
 use super::prompt::{Color, Include, Relation, Scene, Shape};
 use crate::error::Result;
 use crate::image::Image;
-use crate::reward::{Prompt, Report, Reward};
+use crate::prompts::Prompt;
+use crate::reward::{Report, Reward};
 
 /// Largest Euclidean RGB distance at which a pixel counts as a palette colour.
-pub const COLOR_TOLERANCE: f32 = 0.3;
+pub(crate) const COLOR_TOLERANCE: f32 = 0.3;
 /// Smallest object, in pixels.
-pub const MIN_AREA: usize = 8;
+pub(crate) const MIN_AREA: usize = 8;
 /// Credit for a group when only objects of the right colour but the wrong shape are found.
-pub const COLOR_ONLY_CREDIT: f64 = 0.3;
+pub(crate) const COLOR_ONLY_CREDIT: f64 = 0.3;
 
 /// A detected object.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Detection {
+pub(crate) struct Detection {
     /// Its colour.
     pub color: Color,
     /// Its shape.
@@ -44,7 +45,7 @@ fn classify(rgb: [f32; 3]) -> Option<Color> {
 }
 
 /// The objects in `image`.
-pub fn detect(image: &Image) -> Vec<Detection> {
+pub(crate) fn detect(image: &Image) -> Vec<Detection> {
     let (w, h) = (image.width, image.height);
     let quantised = image.to_u8();
     let labels: Vec<Option<Color>> = quantised
@@ -108,7 +109,7 @@ pub fn detect(image: &Image) -> Vec<Detection> {
 /// ([`COLOR_ONLY_CREDIT`] when only wrong-shape objects of the right colour exist, 0 when
 /// none), and for each relation 1 when the largest matching objects' centroids are ordered as
 /// required, else 0.
-pub fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
+pub(crate) fn score_scene(scene: &Scene, found: &[Detection]) -> f64 {
     let mut terms = Vec::new();
     for group in &scene.include {
         let exact = matching(found, group, true).count();
@@ -162,7 +163,7 @@ fn relations_held(scene: &Scene, found: &[Detection]) -> Vec<bool> {
 
 /// Pass/fail checks behind a score, GenEval-style, as `(passed, made)` per kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Checks {
+pub(crate) struct Checks {
     /// Groups with at least one object of their colour.
     pub colors: (usize, usize),
     /// Colours with exactly as many objects (any shape) as the prompt asks of that colour.
@@ -176,7 +177,7 @@ pub struct Checks {
 
 impl Checks {
     /// The checks of `found` against `scene`.
-    pub fn of(scene: &Scene, found: &[Detection]) -> Self {
+    pub(crate) fn of(scene: &Scene, found: &[Detection]) -> Self {
         let mut checks = Checks::default();
         let tally = |slot: &mut (usize, usize), passed: usize, made: usize| {
             slot.0 += passed;
@@ -235,7 +236,7 @@ impl std::ops::Add for Checks {
     }
 }
 
-/// The toy task's [`Reward`]: [`score_scene`] of [`detect`]ed objects against the prompt's
+/// The toy task's [`Reward`]: the rule-based score of the detected objects against the prompt's
 /// scene metadata.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ToyScorer;
@@ -256,7 +257,7 @@ impl Reward for ToyScorer {
 
 /// [`ToyScorer`]'s score of each image against its prompt and the summed [`Checks`], from
 /// one detection per image.
-pub fn score_and_check(images: &[Image], prompts: &[Prompt]) -> Result<(Vec<f64>, Checks)> {
+pub(crate) fn score_and_check(images: &[Image], prompts: &[Prompt]) -> Result<(Vec<f64>, Checks)> {
     let (mut scores, mut checks) = (Vec::with_capacity(images.len()), Checks::default());
     for (image, prompt) in images.iter().zip(prompts) {
         let (scene, found) = (Scene::from_prompt(prompt)?, detect(image));
@@ -267,7 +268,7 @@ pub fn score_and_check(images: &[Image], prompts: &[Prompt]) -> Result<(Vec<f64>
 }
 
 /// The toy task's evaluation [`Report`], whatever reward trains: the rule-based score
-/// (`toy_geneval`, the mean [`score_scene`]) and the pass rates of the [`Checks`]
+/// (`toy_geneval`, the mean [`ToyScorer`] score) and the pass rates of the checks
 /// (`check_color`, `check_count`, `check_shape`, `check_relation`), from one detection per
 /// image.
 #[derive(Debug, Clone, Copy, Default)]

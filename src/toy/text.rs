@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::sampler::Conditioning;
 
 /// The vocabulary; id 0 pads.
-pub const VOCAB: [&str; 20] = [
+pub(crate) const VOCAB: [&str; 20] = [
     "<pad>",
     "a",
     "two",
@@ -31,11 +31,11 @@ pub const VOCAB: [&str; 20] = [
     "of",
 ];
 /// Tokens per prompt (shorter prompts are padded).
-pub const MAX_TOKENS: usize = 8;
+pub(crate) const MAX_TOKENS: usize = 8;
 
 /// Word ids of `text`, padded to [`MAX_TOKENS`]; an unknown word or a too-long prompt is an
 /// error naming it.
-pub fn tokenize(text: &str) -> Result<Vec<usize>> {
+pub(crate) fn tokenize(text: &str) -> Result<Vec<usize>> {
     let mut ids = Vec::with_capacity(MAX_TOKENS);
     for word in text.split_whitespace() {
         let id = VOCAB.iter().position(|v| *v == word && word != "<pad>").ok_or_else(|| {
@@ -58,7 +58,7 @@ pub fn tokenize(text: &str) -> Result<Vec<usize>> {
 #[derive(Module, Debug)]
 pub struct ToyTextEncoder<B: Backend> {
     /// `[VOCAB, D]` word embeddings (`weight`).
-    pub token_embedding: Embedding<B>,
+    pub(crate) token_embedding: Embedding<B>,
     /// `[MAX_TOKENS, D]` position embeddings.
     pub position_embedding: Param<Tensor<B, 2>>,
 }

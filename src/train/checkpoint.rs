@@ -15,9 +15,10 @@ use super::config::TrainConfig;
 use super::ema::Ema;
 use super::optim::{AdamW, Moments};
 use crate::error::{Error, Result};
+use crate::files::write_atomically;
 use crate::finite::ensure_finite_values;
 use crate::model::MMDiT;
-use crate::weights::{save_safetensors, write_atomically, WeightFiles};
+use crate::weights::{save_safetensors, WeightFiles};
 
 /// Scalars of a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,7 +69,7 @@ fn values<B: Backend>(t: &Tensor<B, 2>) -> Result<Vec<f32>> {
 }
 
 /// Writes a checkpoint of epoch `state.epoch` under `out_dir/checkpoints/`; returns its folder.
-pub fn save<B: Backend>(
+pub(crate) fn save<B: Backend>(
     out_dir: &Path,
     state: &TrainerState,
     model: &MMDiT<B>,

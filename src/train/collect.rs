@@ -15,13 +15,14 @@ use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::grpo::{Objective, RewardRows};
 use crate::model::MMDiT;
-use crate::reward::{score_terms, Prompt, Reward, Term};
+use crate::prompts::Prompt;
+use crate::reward::{score_terms, Reward, Term};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::{ode_completions, rollout, seeded_noise, Conditioning, Rollout, TextToImage};
 
 /// One epoch's rollouts: the states and old log-probs of this replica's samples, and every
 /// sample's rewards and prompt.
-pub struct Batch<B: Backend> {
+pub(crate) struct Batch<B: Backend> {
     /// The samples this replica drew (all of them on a single device); the tensors hold
     /// these rows, sample `rows.start` first.
     pub rows: Range<usize>,
@@ -47,14 +48,14 @@ pub struct Batch<B: Backend> {
 
 impl<B: Backend> Batch<B> {
     /// This replica's samples among `samples`, in their order.
-    pub fn own(&self, samples: &[usize]) -> Vec<usize> {
+    pub(crate) fn own(&self, samples: &[usize]) -> Vec<usize> {
         samples.iter().copied().filter(|i| self.rows.contains(i)).collect()
     }
 
     /// Gathers every replica's rewards, reward terms and evaluation counts, so that credit
     /// sees whole groups exactly as on a single device (the shares tile the samples in rank
     /// order); the states stay with the replica that drew them.
-    pub fn gather(&mut self, replica: &Replica, device: &B::Device) -> Result<()> {
+    pub(crate) fn gather(&mut self, replica: &Replica, device: &B::Device) -> Result<()> {
         let rewards = match &self.rewards {
             RewardRows::Finals(f) => {
                 RewardRows::Finals(replica.all_gather::<B>(f, device)?.concat())
@@ -77,7 +78,7 @@ impl<B: Backend> Batch<B> {
 
 /// The `P` distinct prompts of epoch `epoch`: the first `P` of a seeded shuffle of the
 /// training prompts.
-pub fn epoch_prompts(train: &[Prompt], config: &TrainConfig, epoch: usize) -> Vec<Prompt> {
+pub(crate) fn epoch_prompts(train: &[Prompt], config: &TrainConfig, epoch: usize) -> Vec<Prompt> {
     let mut rng = SplitMix64(mix(config.seed, salt::EPOCH_PROMPTS + epoch as u64));
     let mut idx: Vec<usize> = (0..train.len()).collect();
     rng.shuffle(&mut idx);
@@ -94,7 +95,7 @@ pub fn sample_order(config: &TrainConfig, epoch: usize) -> Vec<usize> {
 }
 
 /// What collection reads: the settings, the sampling policy, the pipeline and the reward.
-pub struct Collector<'a, B: Backend, P: TextToImage<B>> {
+pub(crate) struct Collector<'a, B: Backend, P: TextToImage<B>> {
     /// The settings.
     pub config: &'a TrainConfig,
     /// The sampling policy (the adapted transformer on the inner backend).
@@ -116,7 +117,7 @@ struct Chunk<B: Backend> {
 impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
     /// Rollouts of the samples `rows` of epoch `epoch` on `prompts` (of the
     /// [`sample_order`]), in chunks of `rollout_batch`, and their rewards.
-    pub fn collect(
+    pub(crate) fn collect(
         &self,
         epoch: usize,
         prompts: &[Prompt],

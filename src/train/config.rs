@@ -63,7 +63,7 @@ pub struct TrainConfig {
     pub devices: usize,
     /// Dtype of the frozen base weights and the activations: `auto` (bf16 where the backend
     /// computes it, else f32), `f32` or `bf16`; adapters, gradients, optimizer state, EMA,
-    /// log-probs and the loss are f32 in every case ([`crate::model::precision`]).
+    /// log-probs and the loss are f32 in every case.
     #[config(default = "Precision::Auto")]
     pub precision: Precision,
     /// Sampler of the rollouts.
@@ -90,7 +90,7 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
 /// Settings a resumed run may change: they decide how long it runs and what it writes and
 /// evaluates and on how many devices, not the training trajectory (every draw derives from the
 /// seed and the epoch).
-pub const RESUMABLE_CHANGES: [&str; 7] = [
+pub(crate) const RESUMABLE_CHANGES: [&str; 7] = [
     "epochs",
     "save_every",
     "eval_every",
@@ -102,7 +102,8 @@ pub const RESUMABLE_CHANGES: [&str; 7] = [
 
 impl TrainConfig {
     /// The settings that differ from `saved` and would break an exact resume, each as
-    /// `` `field` was X, now Y `` (fields outside [`RESUMABLE_CHANGES`]).
+    /// `` `field` was X, now Y `` (every field but `epochs`, `eval_every`, `eval_steps`, `eval_prompts`,
+    /// `eval_images_per_prompt`, `save_every` and `devices`).
     pub fn resume_conflicts(&self, saved: &TrainConfig) -> Vec<String> {
         let flat = |c: &TrainConfig| {
             overrides::leaves(&serde_json::to_value(c).expect("settings serialise"))
@@ -151,7 +152,7 @@ impl TrainConfig {
     /// `(N + 1) S C H W`, and a training micro-batch's saved block inputs `L b T D` (every
     /// adapted block keeps its input `[b, T, D]` for the adapters' gradients; `T` counts image
     /// tokens only, `b` is at most `S`). Errors name the settings when a count exceeds
-    /// [`crate::limits::MAX_ELEMENTS`].
+    /// 2^40 elements.
     pub fn footprint(
         &self,
         latent: [usize; 3],

@@ -16,7 +16,7 @@ pub struct EmaConfig {
 
 /// The averaged tensors, by name, and the number of updates applied.
 #[derive(Debug, Clone)]
-pub struct Ema<B: Backend> {
+pub(crate) struct Ema<B: Backend> {
     /// Schedule.
     pub config: EmaConfig,
     /// Averaged tensors (start equal to the initial trainable tensors).
@@ -25,19 +25,23 @@ pub struct Ema<B: Backend> {
 
 impl<B: Backend> Ema<B> {
     /// An average starting at `tensors`.
-    pub fn new(config: EmaConfig, tensors: Vec<(String, Tensor<B, 2>)>) -> Self {
+    pub(crate) fn new(config: EmaConfig, tensors: Vec<(String, Tensor<B, 2>)>) -> Self {
         Ema { config, tensors }
     }
 
     /// The decay used after optimizer step `step`.
-    pub fn decay(&self, step: u64) -> f64 {
+    pub(crate) fn decay(&self, step: u64) -> f64 {
         ((1.0 + step as f64) / (10.0 + step as f64)).min(self.config.max_decay)
     }
 
     /// After optimizer step `step` (1-based): when `step` is a multiple of `every`,
     /// `ema <- d ema + (1 - d) param` with `d = decay(step)`. Returns whether it updated;
     /// `params` must name the averaged tensors in the same order.
-    pub fn update(&mut self, step: u64, params: &[(String, Tensor<B, 2>)]) -> crate::Result<bool> {
+    pub(crate) fn update(
+        &mut self,
+        step: u64,
+        params: &[(String, Tensor<B, 2>)],
+    ) -> crate::Result<bool> {
         let names =
             |v: &[(String, Tensor<B, 2>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
         if names(&self.tensors) != names(params) {

@@ -10,12 +10,13 @@ use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values, no_overflow};
 use crate::image::Image;
 use crate::model::MMDiT;
-use crate::reward::{score_checked, Prompt, Report, Reward};
+use crate::prompts::Prompt;
+use crate::reward::{score_checked, Report, Reward};
 use crate::rng::{mix, salt};
 use crate::sampler::{ode_sample, seeded_noise, FlowSchedule, TextToImage};
 
 /// What evaluation reads: the model to evaluate (EMA weights), the pipeline and the reward.
-pub struct Evaluator<'a, B: Backend, P: TextToImage<B>> {
+pub(crate) struct Evaluator<'a, B: Backend, P: TextToImage<B>> {
     /// The settings (`eval_steps`, `eval_images_per_prompt`, guidance, seed).
     pub config: &'a TrainConfig,
     /// The evaluated transformer.
@@ -43,7 +44,7 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
     /// Mean reward and report of `eval_steps`-step guided ODE samples of `prompts`,
     /// `eval_images_per_prompt` per prompt from fixed seeds (image `j` of prompt `i` has the
     /// seed of item `j * len + i`), and the first image of each prompt.
-    pub fn evaluate(&self, prompts: &[Prompt]) -> Result<Evaluation> {
+    pub(crate) fn evaluate(&self, prompts: &[Prompt]) -> Result<Evaluation> {
         let cfg = self.config;
         let device = self.model.devices()[0].clone();
         let empty = self.pipeline.encode(&[""])?;

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::noise_scale::GradientNoise;
 use crate::error::{Error, Result};
+use crate::files::write_atomically;
 use crate::grpo::{CreditStats, LossStats};
-use crate::weights::write_atomically;
 
 /// What one epoch did and measured: one flat JSON object per line (the credit and loss
 /// statistics are flattened in), every field defaulted when absent.
@@ -76,7 +76,7 @@ pub struct PhaseSeconds {
 
 /// Runs `work`, waits for the work it queued on `device`, and adds the seconds to `slot`
 /// (`what` names the phase in a device error).
-pub fn timed<B: Backend, T>(
+pub(crate) fn timed<B: Backend, T>(
     slot: &mut f64,
     device: &B::Device,
     what: &str,
@@ -119,7 +119,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>> {
 }
 
 /// Rewrites the metrics file atomically with `lines`.
-pub fn write_metrics(path: &Path, lines: &[EpochMetrics]) -> Result<()> {
+pub(crate) fn write_metrics(path: &Path, lines: &[EpochMetrics]) -> Result<()> {
     let text: String =
         lines.iter().map(|m| serde_json::to_string(m).expect("metrics serialise") + "\n").collect();
     write_atomically(path, |tmp| std::fs::write(tmp, &text).map_err(|e| Error::io(tmp, e)))

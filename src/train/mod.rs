@@ -1,28 +1,31 @@
-//! Training: the TP-GRPO / Flow-GRPO epoch loop ([`Trainer`]), its settings, optimizer, EMA,
-//! checkpoints, metrics (with the gradient noise scale), plots, and data-parallel replicas.
+//! Training: the TP-GRPO / Flow-GRPO epoch loop ([`Trainer`]) over the phases collection,
+//! credit and update; its settings, observer, metrics, charts, checkpoints, run folders and
+//! data-parallel replicas.
 
 pub mod checkpoint;
-pub mod collect;
-pub mod config;
-pub mod ema;
-pub mod evaluate;
-pub mod metrics;
-pub mod noise_scale;
-pub mod observe;
-pub mod optim;
+pub(crate) mod collect;
+pub(crate) mod config;
+pub(crate) mod ema;
+pub(crate) mod evaluate;
+pub(crate) mod metrics;
+pub(crate) mod noise_scale;
+pub(crate) mod observe;
+pub(crate) mod optim;
 pub mod parallel;
-pub mod plot;
-pub mod replica;
+pub(crate) mod plot;
+pub(crate) mod replica;
 pub mod run_dir;
-pub mod trainer;
-pub mod update;
+pub(crate) mod trainer;
+pub(crate) mod update;
 
+pub use collect::sample_order;
 pub use config::TrainConfig;
-pub use ema::{Ema, EmaConfig};
+pub use ema::EmaConfig;
 pub use evaluate::Evaluation;
-pub use metrics::{noise_scale, EpochMetrics};
+pub use metrics::{noise_scale, read_metrics, EpochMetrics, PhaseSeconds};
 pub use noise_scale::GradientNoise;
 pub use observe::{Observer, Phase, Silent};
-pub use optim::{clip_global_norm, AdamW, AdamWConfig};
+pub use optim::AdamWConfig;
+pub use plot::{save_chart, save_reward_curve, Series};
 pub use replica::Replica;
 pub use trainer::{Task, Trainer};

@@ -6,11 +6,11 @@
 //! optimizer step are summed over the replicas before clipping and AdamW, and every replica
 //! takes the same step. Replica 0 evaluates and writes metrics, samples and checkpoints.
 //! Across nodes the same is meant to run through the collective's global mode (one process
-//! per node and an orchestrator, [`Nodes`]); that does not work yet: in burn-collective 0.21
-//! a node's sync after each global all-reduce (`SyncService::sync`) clears a copy of its list
-//! of synced peers, not the list, so every global all-reduce after the first waits forever
-//! (seen with two processes on 127.0.0.1, ring and centralized strategies alike). No command
-//! line offers it (issue 22).
+//! per node and an orchestrator; `train_nodes`, with the `multi-node` feature); that does not
+//! work yet: in burn-collective 0.21 a node's sync after each global all-reduce
+//! (`SyncService::sync`) clears a copy of its list of synced peers, not the list, so every
+//! global all-reduce after the first waits forever (seen with two processes on 127.0.0.1,
+//! ring and centralized strategies alike). No command line offers it (issues 22 and 38).
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -29,60 +29,7 @@ use crate::sampler::TextToImage;
 /// failure anyway (a replica busy in a long forward pass notices at its next collective call).
 pub const STOP_WAIT: Duration = Duration::from_secs(30);
 
-/// The nodes of a multi-node run (the collective's global mode): this process is node `rank`
-/// of `count`; the other nodes fetch its tensors at `address`, whose port this node serves;
-/// `orchestrator` is the run's orchestrator ([`orchestrate`]). Addresses are `ws://host:port`.
-#[derive(Debug, Clone)]
-pub struct Nodes {
-    /// Nodes of the run.
-    pub count: usize,
-    /// This node's rank, `0..count`; its replicas are ranks `rank * devices ..`.
-    pub rank: usize,
-    /// The orchestrator, `ws://host:port`.
-    pub orchestrator: String,
-    /// This node, `ws://host:port`, as the other nodes reach it.
-    pub address: String,
-}
-
-/// The port of a `ws://host:port` address, or an error naming `field`.
-fn port(field: &str, address: &str) -> Result<u16> {
-    let bad = || Error::config(field, format!("{address:?} is not a ws://host:port address"));
-    let rest = address.strip_prefix("ws://").ok_or_else(bad)?;
-    let (host, port) = rest.trim_end_matches('/').rsplit_once(':').ok_or_else(bad)?;
-    if host.is_empty() {
-        return Err(bad());
-    }
-    port.parse().map_err(|_| bad())
-}
-
-/// The collective settings of a run with `devices` devices in this process.
-fn collective_config(devices: usize, nodes: Option<&Nodes>) -> Result<CollectiveConfig> {
-    let config = CollectiveConfig::default().with_num_devices(devices);
-    let Some(n) = nodes else { return Ok(config) };
-    port("orchestrator", &n.orchestrator)?;
-    let data_port = port("node address", &n.address)?;
-    let parse = |field: &str, s: &str| s.parse().map_err(|e: String| Error::config(field, e));
-    Ok(config
-        .with_num_nodes(n.count as u32)
-        .with_global_address(parse("orchestrator", &n.orchestrator)?)
-        .with_node_address(parse("node address", &n.address)?)
-        .with_data_service_port(data_port))
-}
-
-/// Runs the orchestrator of a multi-node run on `port` until the process is interrupted: the
-/// nodes register with it and learn each other's addresses (see the module's note: the
-/// global mode does not work yet).
-pub fn orchestrate(port: u16) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::config("orchestrator", format!("cannot start its runtime: {e}")))?;
-    runtime.block_on(burn_collective::start_global_orchestrator(port));
-    Ok(())
-}
-
-/// Trains one replica per device of `devices` (this node's; see [`Nodes`] for several) and
-/// returns the metrics of this process's first replica (the run's, on node 0).
+/// Trains one replica per device of `devices` and returns the metrics of the first replica.
 ///
 /// `build` makes the trainer of a replica on its device (it is called on the replica's
 /// thread, after the replica has joined the collective, so a failing build stops the run like
@@ -93,7 +40,43 @@ pub fn orchestrate(port: u16) -> Result<()> {
 /// returned.
 pub fn train<B, P, F, O>(
     devices: Vec<B::Device>,
-    nodes: Option<Nodes>,
+    build: F,
+    observer: O,
+) -> Result<Vec<EpochMetrics>>
+where
+    B: AutodiffBackend,
+    P: TextToImage<B::InnerBackend>,
+    F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
+    O: Observer + Send + 'static,
+{
+    let config = CollectiveConfig::default().with_num_devices(devices.len());
+    run(devices, (0, 1), config, build, observer)
+}
+
+/// [`train`] as node `nodes.rank` of `nodes.count` (this node's devices in `devices`);
+/// returns the metrics of this process's first replica (the run's, on node 0).
+#[cfg(feature = "multi-node")]
+pub fn train_nodes<B, P, F, O>(
+    devices: Vec<B::Device>,
+    nodes: Nodes,
+    build: F,
+    observer: O,
+) -> Result<Vec<EpochMetrics>>
+where
+    B: AutodiffBackend,
+    P: TextToImage<B::InnerBackend>,
+    F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
+    O: Observer + Send + 'static,
+{
+    let config = collective_config(devices.len(), &nodes)?;
+    run(devices, (nodes.rank, nodes.count), config, build, observer)
+}
+
+/// [`train`] on node `node.0` of `node.1` with the collective settings `config`.
+fn run<B, P, F, O>(
+    devices: Vec<B::Device>,
+    (node, node_count): (usize, usize),
+    config: CollectiveConfig,
     build: F,
     observer: O,
 ) -> Result<Vec<EpochMetrics>>
@@ -106,12 +89,10 @@ where
     if devices.is_empty() {
         return Err(Error::config("devices", "at least one device"));
     }
-    let (node, node_count) = nodes.as_ref().map_or((0, 1), |n| (n.rank, n.count));
     if node >= node_count {
         return Err(Error::config("node rank", format!("{node} of {node_count} nodes")));
     }
     let size = devices.len() * node_count;
-    let config = collective_config(devices.len(), nodes.as_ref())?;
     let build = std::sync::Arc::new(build);
     let (done, results) = mpsc::channel();
     let first = node * devices.len();
@@ -173,6 +154,62 @@ where
         }
     }
     history.ok_or_else(|| Error::Replica { rank: first, message: "no metrics".into() })
+}
+
+/// The nodes of a multi-node run (the collective's global mode): this process is node `rank`
+/// of `count`; the other nodes fetch its tensors at `address`, whose port this node serves;
+/// `orchestrator` is the run's orchestrator ([`orchestrate`]). Addresses are `ws://host:port`.
+#[cfg(feature = "multi-node")]
+#[derive(Debug, Clone)]
+pub struct Nodes {
+    /// Nodes of the run.
+    pub count: usize,
+    /// This node's rank, `0..count`; its replicas are ranks `rank * devices ..`.
+    pub rank: usize,
+    /// The orchestrator, `ws://host:port`.
+    pub orchestrator: String,
+    /// This node, `ws://host:port`, as the other nodes reach it.
+    pub address: String,
+}
+
+/// The port of a `ws://host:port` address, or an error naming `field`.
+#[cfg(feature = "multi-node")]
+fn port(field: &str, address: &str) -> Result<u16> {
+    let bad = || Error::config(field, format!("{address:?} is not a ws://host:port address"));
+    let rest = address.strip_prefix("ws://").ok_or_else(bad)?;
+    let (host, port) = rest.trim_end_matches('/').rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    port.parse().map_err(|_| bad())
+}
+
+/// The collective settings of node `n` of a multi-node run with `devices` devices in this
+/// process.
+#[cfg(feature = "multi-node")]
+fn collective_config(devices: usize, n: &Nodes) -> Result<CollectiveConfig> {
+    let config = CollectiveConfig::default().with_num_devices(devices);
+    port("orchestrator", &n.orchestrator)?;
+    let data_port = port("node address", &n.address)?;
+    let parse = |field: &str, s: &str| s.parse().map_err(|e: String| Error::config(field, e));
+    Ok(config
+        .with_num_nodes(n.count as u32)
+        .with_global_address(parse("orchestrator", &n.orchestrator)?)
+        .with_node_address(parse("node address", &n.address)?)
+        .with_data_service_port(data_port))
+}
+
+/// Runs the orchestrator of a multi-node run on `port` until the process is interrupted: the
+/// nodes register with it and learn each other's addresses (see the module's note: the
+/// global mode does not work yet).
+#[cfg(feature = "multi-node")]
+pub fn orchestrate(port: u16) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::config("orchestrator", format!("cannot start its runtime: {e}")))?;
+    runtime.block_on(burn_collective::start_global_orchestrator(port));
+    Ok(())
 }
 
 #[cfg(test)]
@@ -250,8 +287,8 @@ mod tests {
         let mut batch = t.collect(1, &mut Silent).unwrap();
         let credit = t.credit(&mut batch).unwrap();
         let steps = t.step_samples(&credit, 1);
-        let cfg = t.config.clone();
-        let losses = StepLosses::new(&cfg, &batch, &credit.advantages, &t.model).unwrap();
+        let cfg = t.config().clone();
+        let losses = StepLosses::new(&cfg, &batch, &credit.advantages, t.model()).unwrap();
         let (mut gradients, mut terms) = (Vec::new(), Vec::new());
         for samples in &steps {
             let (g, _) = t.step_gradient(&losses, samples, &mut Vec::new(), &mut Silent).unwrap();
@@ -260,7 +297,7 @@ mod tests {
                 // Every sample weighs 1 / (step samples x trained steps).
                 let scale = 1.0 / (samples.len() * cfg.rollout.window().len()) as f64;
                 let term =
-                    |i| values(losses.gradients(&t.model, &[i], scale, &mut Silent).unwrap().0);
+                    |i| values(losses.gradients(t.model(), &[i], scale, &mut Silent).unwrap().0);
                 terms.push(samples.iter().map(|&i| term(i)).collect());
             }
         }
@@ -268,7 +305,7 @@ mod tests {
         let mut adapters = Values::new();
         if replica.size > 1 {
             t.update(&batch, &credit, 1, &mut Silent).unwrap();
-            let lora = t.model.lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
+            let lora = t.model().lora_tensors().into_iter().map(|(n, p)| (n, p.inner()));
             adapters = values(lora.collect());
             replica.finish::<B>().unwrap();
         }

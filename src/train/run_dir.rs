@@ -7,7 +7,8 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// The files and folders a training run writes in its output folder.
-pub const RUN_FILES: [&str; 4] = ["metrics.jsonl", "checkpoints", "samples", "reward_curve.png"];
+pub(crate) const RUN_FILES: [&str; 4] =
+    ["metrics.jsonl", "checkpoints", "samples", "reward_curve.png"];
 
 /// How a run starts in its output folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +22,7 @@ pub enum Start {
 }
 
 /// The run files present in `out`.
-pub fn run_files(out: &Path) -> Vec<&'static str> {
+pub(crate) fn run_files(out: &Path) -> Vec<&'static str> {
     RUN_FILES.into_iter().filter(|f| out.join(f).exists()).collect()
 }
 

@@ -29,7 +29,8 @@ use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::{save_grid, Image};
 use crate::model::precision::cast_params;
 use crate::model::MMDiT;
-use crate::reward::{Prompt, Report, Reward};
+use crate::prompts::Prompt;
+use crate::reward::{Report, Reward};
 use crate::rng::{mix, salt, SplitMix64};
 use crate::sampler::TextToImage;
 
@@ -48,32 +49,22 @@ pub struct Task<P> {
     pub report: Option<Box<dyn Report>>,
 }
 
-/// The trainer: a LoRA-adapted transformer, its optimizer and EMA, a pipeline and a reward.
+/// The trainer: a LoRA-adapted transformer, its optimizer and EMA, and the task it trains for.
 pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
-    /// The settings.
-    pub config: TrainConfig,
+    config: TrainConfig,
     /// The policy: the base transformer with trainable adapters.
-    pub model: MMDiT<B>,
-    /// Encoders and decoder.
-    pub pipeline: P,
-    /// The reward.
-    pub reward: Box<dyn Reward>,
+    model: MMDiT<B>,
+    task: Task<P>,
     /// AdamW over the adapter factors.
-    pub optimizer: AdamW<B::InnerBackend>,
+    optimizer: AdamW<B::InnerBackend>,
     /// EMA of the adapter factors.
-    pub ema: Ema<B::InnerBackend>,
+    ema: Ema<B::InnerBackend>,
     /// Epochs completed.
-    pub epoch: usize,
-    /// Training prompts.
-    pub train_prompts: Vec<Prompt>,
-    /// Held-out prompts.
-    pub eval_prompts: Vec<Prompt>,
-    /// Measured on the held-out images at every evaluation.
-    pub report: Option<Box<dyn Report>>,
+    epoch: usize,
     /// Output folder (metrics, images, checkpoints).
-    pub out_dir: PathBuf,
+    out_dir: PathBuf,
     /// This trainer's replica of a data-parallel run ([`Replica::SINGLE`] by default).
-    pub replica: Replica,
+    replica: Replica,
 }
 
 /// Every replica's micro-batches of an optimizer step as `(rows, |micro-batch mean gradient|^2)`.
@@ -99,21 +90,20 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         out_dir: impl AsRef<Path>,
     ) -> Result<Self> {
         config.validate()?;
-        let Task { pipeline, reward, train_prompts, eval_prompts, report } = task;
-        if train_prompts.len() < config.prompts_per_epoch {
+        if task.train_prompts.len() < config.prompts_per_epoch {
             return Err(Error::config(
                 "prompts_per_epoch",
                 format!(
                     "{} distinct prompts per epoch, {} available",
                     config.prompts_per_epoch,
-                    train_prompts.len()
+                    task.train_prompts.len()
                 ),
             ));
         }
-        if config.eval_every > 0 && eval_prompts.is_empty() {
+        if config.eval_every > 0 && task.eval_prompts.is_empty() {
             return Err(Error::config("eval_every", "evaluation needs held-out prompts"));
         }
-        config.footprint(pipeline.latent_shape(), &base.config)?;
+        config.footprint(task.pipeline.latent_shape(), &base.config)?;
         let dtype = config.precision.resolve::<B>(&base.devices()[0])?;
         let model = cast_params(base, dtype).with_lora(&config.lora)?;
         let params: Vec<_> =
@@ -123,15 +113,41 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             ema: Ema::new(config.ema.clone(), params),
             config,
             model,
-            pipeline,
-            reward,
+            task,
             epoch: 0,
-            train_prompts,
-            eval_prompts,
-            report,
             out_dir: out_dir.as_ref().to_path_buf(),
             replica: Replica::SINGLE,
         })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The policy: the base transformer with its trainable adapters.
+    pub fn model(&self) -> &MMDiT<B> {
+        &self.model
+    }
+
+    /// What the run trains for.
+    pub fn task(&self) -> &Task<P> {
+        &self.task
+    }
+
+    /// The EMA of the adapter factors, by adapter name.
+    pub fn ema_tensors(&self) -> &[(String, Tensor<B::InnerBackend, 2>)] {
+        &self.ema.tensors
+    }
+
+    /// Epochs completed.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// The output folder (metrics, images, checkpoints).
+    pub fn out_dir(&self) -> &Path {
+        &self.out_dir
     }
 
     /// This trainer as replica `replica` of a data-parallel run (see [`super::parallel`]).
@@ -145,7 +161,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// ([`crate::backend::memory`] for the selected backend).
     pub fn check_memory(&self, memory: Option<u64>) -> Result<()> {
         let dtype = self.config.precision.resolve::<B>(&self.model.devices()[0])?;
-        let latent = self.pipeline.latent_shape();
+        let latent = self.task.pipeline.latent_shape();
         self.config.check_memory(
             latent,
             &self.model.config,
@@ -204,12 +220,12 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         observer: &mut dyn Observer,
     ) -> Result<Batch<B::InnerBackend>> {
         let policy = self.model.valid();
-        let prompts = epoch_prompts(&self.train_prompts, &self.config, epoch);
+        let prompts = epoch_prompts(&self.task.train_prompts, &self.config, epoch);
         let collector = Collector {
             config: &self.config,
             policy: &policy,
-            pipeline: &self.pipeline,
-            reward: self.reward.as_ref(),
+            pipeline: &self.task.pipeline,
+            reward: self.task.reward.as_ref(),
         };
         let rows = self.replica.share(self.config.prompts_per_epoch * self.config.group_size);
         collector.collect(epoch, &prompts, rows, observer)
@@ -345,22 +361,22 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// The held-out evaluation with the EMA adapters (`eval_prompts` of the held-out prompts,
-    /// 0: all; see [`Evaluator::evaluate`]).
+    /// 0: all).
     pub fn evaluate(&self) -> Result<Evaluation> {
         let cfg = &self.config;
         let model = self.ema_model()?;
         let count = match cfg.eval_prompts {
-            0 => self.eval_prompts.len(),
-            n => n.min(self.eval_prompts.len()),
+            0 => self.task.eval_prompts.len(),
+            n => n.min(self.task.eval_prompts.len()),
         };
         let evaluator = Evaluator {
             config: cfg,
             model: &model,
-            pipeline: &self.pipeline,
-            reward: self.reward.as_ref(),
-            report: self.report.as_deref(),
+            pipeline: &self.task.pipeline,
+            reward: self.task.reward.as_ref(),
+            report: self.task.report.as_deref(),
         };
-        evaluator.evaluate(&self.eval_prompts[..count])
+        evaluator.evaluate(&self.task.eval_prompts[..count])
     }
 
     /// What the run trains on besides its settings: the transformer's configuration and the
@@ -368,7 +384,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     fn run_record(&self) -> RunRecord {
         RunRecord {
             transformer: serde_json::to_value(&self.model.config).expect("config serialises"),
-            latent_shape: self.pipeline.latent_shape().to_vec(),
+            latent_shape: self.task.pipeline.latent_shape().to_vec(),
         }
     }
 

@@ -22,11 +22,11 @@ use crate::sampler::guidance::select_rows;
 use crate::sampler::{Conditioning, FlowSchedule, Guidance};
 
 /// Gradients of the adapter factors by name.
-pub type Gradients<B> = BTreeMap<String, Tensor<B, 2>>;
+pub(crate) type Gradients<B> = BTreeMap<String, Tensor<B, 2>>;
 
 /// What an epoch's optimizer steps measured.
 #[derive(Default)]
-pub struct UpdateStats {
+pub(crate) struct UpdateStats {
     /// One entry per micro-batch and trained step, with the micro-batch's sample count.
     pub loss: Vec<(usize, LossStats)>,
     /// The global gradient norm before clipping, per optimizer step.
@@ -36,7 +36,7 @@ pub struct UpdateStats {
 }
 
 /// Adds `grad` to the gradient named `name` in `grads` (inserts it when absent).
-pub fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Tensor<B, 2>) {
+pub(crate) fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Tensor<B, 2>) {
     let sum = match grads.remove(&name) {
         Some(acc) => acc + grad,
         None => grad,
@@ -52,7 +52,7 @@ pub fn add_gradient<B: Backend>(grads: &mut Gradients<B>, name: String, grad: Te
 /// plain last micro-batch of `rows mod size` rows would bring up to `size - 1` new sizes over
 /// a run, this at most `log2(size)`. The gradient is the same sum of per-sample terms either
 /// way; only its summation order changes. `size` is positive (`TrainConfig::validate`).
-pub fn micro_batches(rows: &[usize], size: usize) -> Vec<&[usize]> {
+pub(crate) fn micro_batches(rows: &[usize], size: usize) -> Vec<&[usize]> {
     assert!(size > 0, "micro-batches of 0 rows");
     let whole = rows.len() / size * size;
     let mut out: Vec<&[usize]> = rows[..whole].chunks(size).collect();
@@ -73,7 +73,7 @@ fn lift<B: AutodiffBackend>(c: &Conditioning<B::InnerBackend>) -> Conditioning<B
 }
 
 /// The per-step losses of an epoch's batch: what every micro-batch's loss reads.
-pub struct StepLosses<'a, B: AutodiffBackend> {
+pub(crate) struct StepLosses<'a, B: AutodiffBackend> {
     /// The settings.
     pub config: &'a TrainConfig,
     /// The collected batch.
@@ -99,7 +99,7 @@ struct MicroBatch<'r, B: AutodiffBackend> {
 impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
     /// The losses of `batch` with `advantages` under `config`, against the reference policy
     /// of `model` (its adapters off).
-    pub fn new(
+    pub(crate) fn new(
         config: &'a TrainConfig,
         batch: &'a Batch<B::InnerBackend>,
         advantages: &'a [Vec<f64>],
@@ -112,7 +112,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
     /// The gradients of one micro-batch (`rows`, samples of this replica's batch) summed over
     /// every trained step, each step's loss (a mean over the rows) scaled by `scale`, and the
     /// loss statistics of each step.
-    pub fn gradients(
+    pub(crate) fn gradients(
         &self,
         model: &MMDiT<B>,
         rows: &[usize],
@@ -183,7 +183,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
 
 /// One optimizer step's gradient, summed micro-batch by micro-batch, with the squared norms
 /// of the micro-batch means that the gradient-noise estimate needs.
-pub struct StepGradient<B: Backend> {
+pub(crate) struct StepGradient<B: Backend> {
     /// The sum of the shares added so far.
     pub grads: Gradients<B>,
     /// `(rows, |micro-batch mean gradient|^2)` per micro-batch.
@@ -193,14 +193,14 @@ pub struct StepGradient<B: Backend> {
 
 impl<B: Backend> StepGradient<B> {
     /// An empty gradient of a step over `step_rows` samples (on all replicas together).
-    pub fn new(step_rows: usize) -> Self {
+    pub(crate) fn new(step_rows: usize) -> Self {
         StepGradient { grads: Gradients::new(), micro_sq: Vec::new(), step_rows }
     }
 
     /// Adds a micro-batch of `rows` samples whose `share` is its mean gradient times
     /// `rows / step_rows` (every sample of the step weighs the same), so that
     /// `(step_rows / rows)^2 |share|^2` is the squared norm of its mean.
-    pub fn add(&mut self, rows: usize, share: Gradients<B>) {
+    pub(crate) fn add(&mut self, rows: usize, share: Gradients<B>) {
         let m = self.step_rows as f64 / rows as f64;
         self.micro_sq.push((rows, m * m * squared_norm(&share)));
         for (name, g) in share {
@@ -212,7 +212,7 @@ impl<B: Backend> StepGradient<B> {
 /// `grads` with a zero gradient for every adapter factor of `model` it lacks (factors
 /// without a gradient path, such as the last block's text queries, or a replica with no
 /// sample in a step).
-pub fn complete<B: AutodiffBackend>(
+pub(crate) fn complete<B: AutodiffBackend>(
     model: &MMDiT<B>,
     mut grads: Gradients<B::InnerBackend>,
 ) -> Gradients<B::InnerBackend> {
@@ -225,7 +225,7 @@ pub fn complete<B: AutodiffBackend>(
 /// Clips `grads` to the global norm `max_norm`, takes an AdamW step on `model`'s adapter
 /// factors, updates the EMA and returns the updated model and the norm before clipping.
 /// Factors without a gradient get zero gradients ([`complete`]).
-pub fn optimizer_step<B: AutodiffBackend>(
+pub(crate) fn optimizer_step<B: AutodiffBackend>(
     model: MMDiT<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     ema: &mut Ema<B::InnerBackend>,
@@ -254,7 +254,7 @@ pub fn optimizer_step<B: AutodiffBackend>(
 }
 
 /// The reference policy of the KL term: `model` with its adapters off, on the inner backend.
-pub fn reference_policy<B: AutodiffBackend>(model: &MMDiT<B>) -> MMDiT<B::InnerBackend> {
+pub(crate) fn reference_policy<B: AutodiffBackend>(model: &MMDiT<B>) -> MMDiT<B::InnerBackend> {
     model.valid().adapters_off()
 }
 

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 
 /// Where one module parameter comes from in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Source {
+pub(crate) struct Source {
     /// The checkpoint key.
     pub key: String,
     /// Keep only these rows (first dimension) of the stored tensor, e.g. `q` of a fused `qkv`.
@@ -30,22 +30,22 @@ pub struct Source {
 
 impl Source {
     /// The whole tensor stored under `key`.
-    pub fn key(key: impl Into<String>) -> Self {
+    pub(crate) fn key(key: impl Into<String>) -> Self {
         Source { key: key.into(), rows: None, swap_halves: false, squeeze_1x1: false }
     }
 
     /// The 1x1 convolution kernel stored under `key`, read as a linear weight.
-    pub fn conv_1x1(key: impl Into<String>) -> Self {
+    pub(crate) fn conv_1x1(key: impl Into<String>) -> Self {
         Source { squeeze_1x1: true, ..Source::key(key) }
     }
 
     /// Rows `rows` of the tensor stored under `key`.
-    pub fn rows(key: impl Into<String>, rows: Range<usize>) -> Self {
+    pub(crate) fn rows(key: impl Into<String>, rows: Range<usize>) -> Self {
         Source { rows: Some(rows), ..Source::key(key) }
     }
 
     /// The tensor stored under `key` with the halves of its first dimension swapped.
-    pub fn swapped(key: impl Into<String>) -> Self {
+    pub(crate) fn swapped(key: impl Into<String>) -> Self {
         Source { swap_halves: true, ..Source::key(key) }
     }
 
@@ -90,7 +90,7 @@ impl Source {
 /// One float parameter of a module: its path, Burn shape and whether it is a `Linear` weight
 /// (stored transposed, `[in, out]`, relative to PyTorch's `[out, in]`).
 #[derive(Debug, Clone)]
-pub struct ParamSlot {
+pub(crate) struct ParamSlot {
     /// Dotted path, enum variants skipped (`transformer_blocks.0.attn.to_q.weight`).
     pub path: String,
     /// Shape in Burn's layout.
@@ -101,7 +101,7 @@ pub struct ParamSlot {
 
 impl ParamSlot {
     /// The shape the parameter has in PyTorch layout (Linear weights transposed).
-    pub fn torch_shape(&self) -> Vec<usize> {
+    pub(crate) fn torch_shape(&self) -> Vec<usize> {
         let mut s = self.shape.clone();
         if self.linear_weight {
             s.reverse();
@@ -147,7 +147,7 @@ impl<B: Backend> ModuleVisitor<B> for Slots {
 }
 
 /// The float parameters of `module`, in visiting order.
-pub fn param_slots<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamSlot> {
+pub(crate) fn param_slots<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamSlot> {
     let mut v = Slots { path: Vec::new(), containers: Vec::new(), slots: Vec::new() };
     module.visit(&mut v);
     v.slots
@@ -157,7 +157,7 @@ pub fn param_slots<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamSlot> {
 /// says which checkpoint keys belong to this module (the rest of a multi-model file is left
 /// alone). Missing keys, keys the plan does not use, and shape mismatches are all collected
 /// and returned as one [`Error::Checkpoint`] naming `label` before anything is applied.
-pub fn apply_plan<B: Backend, M: Module<B>>(
+pub(crate) fn apply_plan<B: Backend, M: Module<B>>(
     module: &mut M,
     files: &WeightFiles,
     label: &Path,

@@ -102,7 +102,7 @@ impl WeightFiles {
         shards.dedup();
         let mut files = WeightFiles::default();
         for shard in shards {
-            files.add_file(&crate::paths::inside(dir, shard, index_path)?)?;
+            files.add_file(&crate::files::inside(dir, shard, index_path)?)?;
         }
         let mut problems = Vec::new();
         for (key, shard) in &index.weight_map {

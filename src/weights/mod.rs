@@ -1,14 +1,14 @@
 //! Checkpoint I/O shared by every model: lazy safetensors reading, applying a key plan to a
 //! Burn module with a full report of missing, unexpected and mis-shaped keys, and atomic writing.
 
-mod apply;
+pub(crate) mod apply;
 mod file;
 mod save;
 
-pub use apply::{apply_plan, Source};
-pub use apply::{export_params, param_slots, ParamSlot};
+pub use apply::export_params;
+pub(crate) use apply::{apply_plan, Source};
 pub use file::{TensorInfo, WeightFiles};
-pub use save::{save_safetensors, save_safetensors_with_metadata, write_atomically};
+pub use save::{save_safetensors, save_safetensors_with_metadata};
 
 use std::path::Path;
 
@@ -27,7 +27,7 @@ pub fn read_config<T: serde::de::DeserializeOwned>(path: impl AsRef<Path>) -> Re
 }
 
 /// The PyTorch name of a Burn parameter path: norm `gamma` / `beta` become `weight` / `bias`.
-pub fn torch_param_name(path: &str) -> String {
+pub(crate) fn torch_param_name(path: &str) -> String {
     match path.rsplit_once('.') {
         Some((module, "gamma")) => format!("{module}.weight"),
         Some((module, "beta")) => format!("{module}.bias"),
@@ -38,7 +38,7 @@ pub fn torch_param_name(path: &str) -> String {
 /// Loads a transformers / diffusers model folder: `config.json` read into `C`, the module
 /// built by `init` (an invalid configuration is reported against `config.json`), then
 /// `{stem}.safetensors` or its shards applied through `plan` and `owns` (see [`apply_plan`]).
-pub fn load_folder<B: Backend, C: serde::de::DeserializeOwned, M: Module<B>>(
+pub(crate) fn load_folder<B: Backend, C: serde::de::DeserializeOwned, M: Module<B>>(
     dir: &Path,
     stem: &str,
     init: impl FnOnce(&C) -> Result<M>,

@@ -1,30 +1,13 @@
 //! Writing safetensors files atomically (temporary file in the same folder, then rename).
 
 use std::borrow::Cow;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::tensor::View;
 use safetensors::Dtype;
 
 use crate::error::{Error, Result};
-
-/// Writes `path` atomically: `write` fills a temporary sibling path, which is synced and renamed
-/// over `path` only when it succeeded, so a crash never leaves a half-written file behind.
-pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let name = path.file_name().ok_or_else(|| Error::format(path, "not a file path"))?;
-    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let result = write(&tmp).and_then(|()| {
-        let sync = fs::File::open(&tmp).and_then(|f| f.sync_all());
-        sync.and_then(|()| fs::rename(&tmp, path)).map_err(|e| Error::io(path, e))
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
+use crate::files::write_atomically;
 
 /// An f32 tensor borrowed for serialisation; its bytes are produced one tensor at a time.
 struct F32View<'a> {

@@ -2,7 +2,6 @@
 //! drawn from a coarse grid half of the time so exact zeros and ties occur.
 
 use proptest::prelude::*;
-use tpgrpo::grpo::turning_point::sign;
 use tpgrpo::grpo::{
     credit_batch, tp_grpo_advantages, turning_points, BalanceKey, ObjectiveConfig, StdScope,
 };
@@ -93,5 +92,16 @@ proptest! {
                 prop_assert_eq!(row, &adv[i], "group {}, sample {}", g, i);
             }
         }
+    }
+}
+
+/// The sign of `x` as -1, 0 or 1 (0 for zero and NaN).
+fn sign(x: f64) -> i8 {
+    if x > 0.0 {
+        1
+    } else if x < 0.0 {
+        -1
+    } else {
+        0
     }
 }

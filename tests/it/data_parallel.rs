@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tpgrpo::backend::{Backend as B, TrainBackend};
-use tpgrpo::reward::{Prompt, Reward};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::Reward;
 use tpgrpo::toy::{self, ToyAlignment, ToyPipeline};
 use tpgrpo::train::Silent;
 use tpgrpo::train::{parallel, EpochMetrics, Replica, TrainConfig, Trainer};
@@ -55,7 +56,6 @@ fn two_replicas(out: &Path) -> tpgrpo::Result<Vec<EpochMetrics>> {
     let out = out.to_path_buf();
     parallel::train::<TrainBackend, _, _, _>(
         vec![Default::default(); 2],
-        None,
         move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
         Silent,
     )
@@ -80,7 +80,7 @@ fn two_replicas_run_the_single_device_epochs() {
     let two = two_replicas(&double).unwrap();
     assert_first_epoch_like_one_device(&one, &two);
     // Only the lead replica writes: one metrics file with one line per epoch.
-    let lines = tpgrpo::train::metrics::read_metrics(&double.join("metrics.jsonl")).unwrap();
+    let lines = tpgrpo::train::read_metrics(&double.join("metrics.jsonl")).unwrap();
     assert_eq!(lines.len(), 2);
 }
 
@@ -102,6 +102,7 @@ fn assert_first_epoch_like_one_device(one: &[EpochMetrics], two: &[EpochMetrics]
 }
 
 /// A free local TCP port.
+#[cfg(feature = "multi-node")]
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -111,6 +112,7 @@ fn free_port() -> u16 {
 /// single device's first epoch. Ignored: burn-collective 0.21's node sync (`SyncService::sync`) clears a
 /// copy of its list of synced peers instead of the list, so every global all-reduce after
 /// the first waits forever (issue 22); the run is stopped after two minutes.
+#[cfg(feature = "multi-node")]
 #[test]
 #[ignore = "burn-collective 0.21's global mode hangs from its second all-reduce (issue 22)"]
 fn two_nodes_train_like_one_device() {
@@ -146,17 +148,24 @@ fn two_nodes_train_like_one_device() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let two = tpgrpo::train::metrics::read_metrics(&out.join("metrics.jsonl")).unwrap();
+    let two = tpgrpo::train::read_metrics(&out.join("metrics.jsonl")).unwrap();
     assert_first_epoch_like_one_device(&one, &two);
 }
 
-/// One node of [`two_nodes`] (run by it, with its settings in the environment; ignored
-/// otherwise).
+/// One node of [`two_nodes_train_like_one_device`], which runs it with its settings in the
+/// environment; run any other way it fails, naming the variables it needs.
+#[cfg(feature = "multi-node")]
 #[test]
 #[ignore = "a node process of two_nodes_train_like_one_device"]
 fn node() {
-    let Ok(rank) = std::env::var("TPGRPO_TEST_NODE") else { return };
-    let var = |name: &str| std::env::var(name).unwrap();
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: this test is a node process of two_nodes_train_like_one_device"
+            )
+        })
+    };
+    let rank = var("TPGRPO_TEST_NODE");
     let out = std::path::PathBuf::from(var("TPGRPO_TEST_OUT"));
     let nodes = parallel::Nodes {
         count: 2,
@@ -164,9 +173,9 @@ fn node() {
         orchestrator: var("TPGRPO_TEST_ORCHESTRATOR"),
         address: var("TPGRPO_TEST_ADDRESS"),
     };
-    parallel::train::<TrainBackend, _, _, _>(
+    parallel::train_nodes::<TrainBackend, _, _, _>(
         vec![Default::default()],
-        Some(nodes),
+        nodes,
         move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
         Silent,
     )
@@ -244,7 +253,6 @@ fn a_failing_replica_stops_the_run() {
     let dir = out.clone();
     let err = parallel::train::<TrainBackend, _, _, _>(
         vec![Default::default(); 2],
-        None,
         move |replica, device| {
             let reward: Box<dyn Reward> =
                 if replica.rank == 1 { Box::new(Broken) } else { Box::new(ToyAlignment) };

@@ -25,7 +25,6 @@ mod rollout;
 mod sampler_analytic;
 mod sampler_gaussian;
 mod sampler_reference;
-mod toy_task;
 mod tp_credit_reference;
 mod train_rewards;
 mod train_sd3_pipeline;

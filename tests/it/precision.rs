@@ -12,7 +12,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType};
-use tpgrpo::model::precision::cast_params;
+use tpgrpo::model::cast_params;
 use tpgrpo::model::{LoraConfig, MMDiT, Precision};
 
 use crate::common;
@@ -54,10 +54,9 @@ fn velocity_and_adapter_grads<T: AutodiffBackend>(
     assert_eq!(v.dtype(), DType::F32, "the velocity comes back in the caller's dtype");
     let grads = v.clone().powf_scalar(2.0).mean().backward();
     let factors: Vec<Tensor<T, 1>> = model
-        .adapters()
+        .lora_tensors()
         .into_iter()
-        .flat_map(|(_, a)| [a.lora_a.val(), a.lora_b.val()])
-        .map(|p| {
+        .map(|(_, p)| {
             let g = p.grad(&grads).expect("every factor gets a gradient");
             assert_eq!(g.dtype(), DType::F32, "adapter gradients are f32");
             Tensor::from_inner(g).flatten(0, 1)

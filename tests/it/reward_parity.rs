@@ -10,7 +10,8 @@ use burn::prelude::*;
 use tpgrpo::backend::Backend as B;
 use tpgrpo::image::load_png;
 use tpgrpo::model::clip::{ClipImageProcessor, ResizeTo};
-use tpgrpo::reward::{score_checked, Aesthetic, ClipSimilarity, Prompt};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::{score_checked, Aesthetic, ClipSimilarity};
 use tpgrpo::weights::WeightFiles;
 
 /// Absolute tolerance on every score (scores are of order 0.1-1; the aesthetic's of order 10).

@@ -8,8 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use tpgrpo::image::Image;
-use tpgrpo::reward::{score_checked, Prompt, Protocol, Reward, RewardServer, ServerConfig};
-use tpgrpo::toy::{self, draw, prompt::Scene, ToyScorer};
+use tpgrpo::prompts::Prompt;
+use tpgrpo::reward::{score_checked, Protocol, Reward, RewardServer, ServerConfig};
+use tpgrpo::toy::{self, Scene, ToyScorer};
 use tpgrpo::Error;
 
 /// A server process, killed when dropped.
@@ -46,7 +47,7 @@ fn batch() -> (Vec<Image>, Vec<Prompt>) {
     let images = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| draw::render(&Scene::from_prompt(p).unwrap(), i as u64))
+        .map(|(i, p)| toy::render(&Scene::from_prompt(p).unwrap(), i as u64))
         .collect();
     (images, prompts)
 }

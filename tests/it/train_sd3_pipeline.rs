@@ -44,7 +44,7 @@ fn run(conditioner: Sd3Conditioner<B>, name: &str) -> Vec<(String, Vec<f32>)> {
     assert!(history[1].reward_std > 0.0);
     assert!(out.join("samples/epoch-00002.png").is_file());
     assert!(out.join("checkpoints/epoch-00002/adapter/adapter_model.safetensors").is_file());
-    t.model
+    t.model()
         .lora_tensors()
         .into_iter()
         .map(|(n, x)| (n, x.inner().into_data().to_vec().unwrap()))

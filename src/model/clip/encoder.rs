@@ -41,12 +41,12 @@ pub(crate) fn validate_shape(hidden_act: &str, hidden: usize, heads: usize) -> c
 
 impl EncoderShape {
     /// A layer norm of the tower's width.
-    pub fn norm<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
+    pub(crate) fn norm<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
         LayerNormConfig::new(self.width).with_epsilon(self.eps).init(device)
     }
 
     /// A randomly initialised encoder (weights are drawn lazily).
-    pub fn init<B: Backend>(&self, device: &B::Device) -> ClipEncoder<B> {
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> ClipEncoder<B> {
         let d = self.width;
         let linear = |i, o| LinearConfig::new(i, o).init(device);
         let layers = (0..self.layers)
@@ -74,22 +74,22 @@ impl EncoderShape {
 
 /// Multi-head self-attention, with a causal mask in the text tower.
 #[derive(Module, Debug)]
-pub struct ClipAttention<B: Backend> {
+pub(crate) struct ClipAttention<B: Backend> {
     /// Query projection.
-    pub q_proj: Linear<B>,
+    pub(crate) q_proj: Linear<B>,
     /// Key projection.
-    pub k_proj: Linear<B>,
+    pub(crate) k_proj: Linear<B>,
     /// Value projection.
-    pub v_proj: Linear<B>,
+    pub(crate) v_proj: Linear<B>,
     /// Output projection.
-    pub out_proj: Linear<B>,
+    pub(crate) out_proj: Linear<B>,
     heads: usize,
     causal: bool,
 }
 
 impl<B: Backend> ClipAttention<B> {
     /// `softmax(q k^T / sqrt(Dh) [+ causal mask]) v` over `heads` heads of `x: [B, T, D]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let q = self.q_proj.forward(x.clone());
         let k = self.k_proj.forward(x.clone());
         let v = self.v_proj.forward(x);
@@ -100,17 +100,17 @@ impl<B: Backend> ClipAttention<B> {
 
 /// Two-layer MLP with quick-GELU `x sigmoid(1.702 x)` (OpenAI CLIP) or exact GELU (LAION).
 #[derive(Module, Debug)]
-pub struct ClipMlp<B: Backend> {
+pub(crate) struct ClipMlp<B: Backend> {
     /// `D -> intermediate`.
-    pub fc1: Linear<B>,
+    pub(crate) fc1: Linear<B>,
     /// `intermediate -> D`.
-    pub fc2: Linear<B>,
+    pub(crate) fc2: Linear<B>,
     quick_gelu: bool,
 }
 
 impl<B: Backend> ClipMlp<B> {
     /// `fc2(act(fc1 x))`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.fc1.forward(x);
         let h = if self.quick_gelu { h.clone() * sigmoid(h * 1.702) } else { gelu(h) };
         self.fc2.forward(h)
@@ -119,20 +119,20 @@ impl<B: Backend> ClipMlp<B> {
 
 /// Pre-norm encoder layer.
 #[derive(Module, Debug)]
-pub struct ClipEncoderLayer<B: Backend> {
+pub(crate) struct ClipEncoderLayer<B: Backend> {
     /// Self-attention.
-    pub self_attn: ClipAttention<B>,
+    pub(crate) self_attn: ClipAttention<B>,
     /// Norm before attention.
-    pub layer_norm1: LayerNorm<B>,
+    pub(crate) layer_norm1: LayerNorm<B>,
     /// Feed-forward.
-    pub mlp: ClipMlp<B>,
+    pub(crate) mlp: ClipMlp<B>,
     /// Norm before the MLP.
-    pub layer_norm2: LayerNorm<B>,
+    pub(crate) layer_norm2: LayerNorm<B>,
 }
 
 impl<B: Backend> ClipEncoderLayer<B> {
     /// `x + attn(ln1 x)`, then `+ mlp(ln2 .)`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
         x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
     }
@@ -140,14 +140,14 @@ impl<B: Backend> ClipEncoderLayer<B> {
 
 /// The stack of encoder layers.
 #[derive(Module, Debug)]
-pub struct ClipEncoder<B: Backend> {
+pub(crate) struct ClipEncoder<B: Backend> {
     /// Layers in order.
-    pub layers: Vec<ClipEncoderLayer<B>>,
+    pub(crate) layers: Vec<ClipEncoderLayer<B>>,
 }
 
 impl<B: Backend> ClipEncoder<B> {
     /// All layers in order.
-    pub fn forward(&self, mut x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, mut x: Tensor<B, 3>) -> Tensor<B, 3> {
         for layer in &self.layers {
             x = layer.forward(x);
         }

@@ -149,7 +149,7 @@ impl<B: Backend> ClipModel<B> {
 }
 
 /// `x / ||x||` along the last dimension.
-pub fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+pub(crate) fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
     let norm = x.clone().powi_scalar(2).sum_dim(1).sqrt();
     x / norm
 }

@@ -16,7 +16,7 @@ pub const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73]
 pub const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 /// Most pixels a resized image may have (2^26, 192 MiB of RGB): a sliver of an image would
 /// otherwise resize to an allocation that aborts the process.
-pub const MAX_RESIZED_PIXELS: usize = 1 << 26;
+pub(crate) const MAX_RESIZED_PIXELS: usize = 1 << 26;
 /// PIL's `Image.BICUBIC`, the only resampling CLIP processors use.
 const PIL_BICUBIC: u64 = 3;
 
@@ -265,6 +265,6 @@ impl ClipImageProcessor {
 }
 
 /// The `preprocessor_config.json` of a model folder.
-pub fn preprocessor_path(dir: &Path) -> PathBuf {
+pub(crate) fn preprocessor_path(dir: &Path) -> PathBuf {
     dir.join("preprocessor_config.json")
 }

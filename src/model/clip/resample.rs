@@ -104,7 +104,11 @@ fn pass(src: &[u8], lines: usize, input: usize, output: usize, along_rows: bool)
 /// The order changes the result (the intermediate image is rounded): a 37x90 image resized to
 /// 30x72 differs in 1796 of its 6480 values between the two orders. Pillow before 13.0 always
 /// resized rows first.
-pub fn pil_bicubic(pixels: &[u8], from: (usize, usize), to: (usize, usize)) -> Result<Vec<u8>> {
+pub(crate) fn pil_bicubic(
+    pixels: &[u8],
+    from: (usize, usize),
+    to: (usize, usize),
+) -> Result<Vec<u8>> {
     let ((w0, h0), (w1, h1)) = (from, to);
     if pixels.len() != w0 * h0 * 3 || w0 == 0 || h0 == 0 || w1 == 0 || h1 == 0 {
         return Err(Error::shape(

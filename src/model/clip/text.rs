@@ -97,31 +97,31 @@ impl ClipTextConfig {
 
 /// Token and position embeddings.
 #[derive(Module, Debug)]
-pub struct ClipEmbeddings<B: Backend> {
+pub(crate) struct ClipEmbeddings<B: Backend> {
     /// `[vocab, D]`.
-    pub token_embedding: Embedding<B>,
+    pub(crate) token_embedding: Embedding<B>,
     /// `[77, D]`.
-    pub position_embedding: Embedding<B>,
+    pub(crate) position_embedding: Embedding<B>,
 }
 
 /// Embeddings, encoder and final norm (`text_model.*`).
 #[derive(Module, Debug)]
-pub struct ClipTextTransformer<B: Backend> {
+pub(crate) struct ClipTextTransformer<B: Backend> {
     /// Token and position embeddings.
-    pub embeddings: ClipEmbeddings<B>,
+    pub(crate) embeddings: ClipEmbeddings<B>,
     /// Encoder layers.
-    pub encoder: ClipEncoder<B>,
+    pub(crate) encoder: ClipEncoder<B>,
     /// Norm applied to the last layer's output (not to the penultimate features).
-    pub final_layer_norm: LayerNorm<B>,
+    pub(crate) final_layer_norm: LayerNorm<B>,
 }
 
 /// `CLIPTextModelWithProjection`.
 #[derive(Module, Debug)]
 pub struct ClipTextModel<B: Backend> {
     /// The transformer.
-    pub text_model: ClipTextTransformer<B>,
+    pub(crate) text_model: ClipTextTransformer<B>,
     /// Pooled-feature projection, no bias.
-    pub text_projection: Linear<B>,
+    pub(crate) text_projection: Linear<B>,
     eos_token_id: usize,
     vocab_size: usize,
     max_positions: usize,

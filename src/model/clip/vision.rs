@@ -116,36 +116,36 @@ impl ClipVisionConfig {
 
 /// Patch, class-token and position embeddings.
 #[derive(Module, Debug)]
-pub struct ClipVisionEmbeddings<B: Backend> {
+pub(crate) struct ClipVisionEmbeddings<B: Backend> {
     /// The class token `[D]`.
     pub class_embedding: Param<Tensor<B, 1>>,
     /// `P x P` convolution with stride `P`, no bias: one token per patch.
-    pub patch_embedding: Conv2d<B>,
+    pub(crate) patch_embedding: Conv2d<B>,
     /// `[patches + 1, D]`.
-    pub position_embedding: Embedding<B>,
+    pub(crate) position_embedding: Embedding<B>,
 }
 
 /// Embeddings, pre-norm, encoder and post-norm (`vision_model.*`; `pre_layrnorm` is
 /// transformers' spelling).
 #[derive(Module, Debug)]
-pub struct ClipVisionTransformer<B: Backend> {
+pub(crate) struct ClipVisionTransformer<B: Backend> {
     /// Patch and position embeddings.
-    pub embeddings: ClipVisionEmbeddings<B>,
+    pub(crate) embeddings: ClipVisionEmbeddings<B>,
     /// Norm before the encoder.
-    pub pre_layrnorm: LayerNorm<B>,
+    pub(crate) pre_layrnorm: LayerNorm<B>,
     /// Encoder layers (no mask).
-    pub encoder: ClipEncoder<B>,
+    pub(crate) encoder: ClipEncoder<B>,
     /// Norm of the class token's output.
-    pub post_layernorm: LayerNorm<B>,
+    pub(crate) post_layernorm: LayerNorm<B>,
 }
 
 /// `CLIPVisionModelWithProjection`.
 #[derive(Module, Debug)]
 pub struct ClipVisionModel<B: Backend> {
     /// The transformer.
-    pub vision_model: ClipVisionTransformer<B>,
+    pub(crate) vision_model: ClipVisionTransformer<B>,
     /// Image-embedding projection, no bias.
-    pub visual_projection: Linear<B>,
+    pub(crate) visual_projection: Linear<B>,
     image_size: usize,
 }
 

@@ -7,7 +7,7 @@ use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
 /// Epsilon of the per-head RMSNorm on queries and keys.
-pub const QK_NORM_EPS: f64 = 1e-6;
+pub(crate) const QK_NORM_EPS: f64 = 1e-6;
 
 /// Projects `x` to heads and applies the optional per-head RMSNorm.
 fn project<B: Backend>(
@@ -29,38 +29,38 @@ fn qk_norm<B: Backend>(enabled: bool, head_dim: usize, device: &B::Device) -> Op
 
 /// The joint attention of an MMDiT block (diffusers `Attention` with `JointAttnProcessor2_0`).
 #[derive(Module, Debug)]
-pub struct JointAttention<B: Backend> {
+pub(crate) struct JointAttention<B: Backend> {
     /// Image queries.
-    pub to_q: LoraLinear<B>,
+    pub(crate) to_q: LoraLinear<B>,
     /// Image keys.
-    pub to_k: LoraLinear<B>,
+    pub(crate) to_k: LoraLinear<B>,
     /// Image values.
-    pub to_v: LoraLinear<B>,
+    pub(crate) to_v: LoraLinear<B>,
     /// Text queries.
-    pub add_q_proj: LoraLinear<B>,
+    pub(crate) add_q_proj: LoraLinear<B>,
     /// Text keys.
-    pub add_k_proj: LoraLinear<B>,
+    pub(crate) add_k_proj: LoraLinear<B>,
     /// Text values.
-    pub add_v_proj: LoraLinear<B>,
+    pub(crate) add_v_proj: LoraLinear<B>,
     /// Image output projection (checkpoint key `to_out.0`).
-    pub to_out: LoraLinear<B>,
+    pub(crate) to_out: LoraLinear<B>,
     /// Text output projection; absent in the context-pre-only last block.
-    pub to_add_out: Option<LoraLinear<B>>,
+    pub(crate) to_add_out: Option<LoraLinear<B>>,
     /// Per-head RMSNorm of image queries (SD3.5).
-    pub norm_q: Option<RmsNorm<B>>,
+    pub(crate) norm_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of image keys (SD3.5).
-    pub norm_k: Option<RmsNorm<B>>,
+    pub(crate) norm_k: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of text queries (SD3.5).
-    pub norm_added_q: Option<RmsNorm<B>>,
+    pub(crate) norm_added_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of text keys (SD3.5).
-    pub norm_added_k: Option<RmsNorm<B>>,
+    pub(crate) norm_added_k: Option<RmsNorm<B>>,
     /// Number of heads.
     pub heads: usize,
 }
 
 impl<B: Backend> JointAttention<B> {
     /// Joint attention of width `dim` with `heads` heads; `context_pre_only` drops `to_add_out`.
-    pub fn new(
+    pub(crate) fn new(
         dim: usize,
         heads: usize,
         qk: bool,
@@ -89,7 +89,7 @@ impl<B: Backend> JointAttention<B> {
     /// Attends over the concatenation of image tokens `x [B, N, D]` and text tokens
     /// `c [B, L, D]`; returns the projected image part and, unless the block is context-pre-only,
     /// the projected text part.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         x: Tensor<B, 3>,
         c: Tensor<B, 3>,
@@ -123,7 +123,7 @@ impl<B: Backend> JointAttention<B> {
     }
 
     /// The adaptable projections with their diffusers module names.
-    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+    pub(crate) fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
         let mut out: Vec<(&'static str, &mut LoraLinear<B>)> = vec![
             ("to_q", &mut self.to_q),
             ("to_k", &mut self.to_k),
@@ -142,26 +142,26 @@ impl<B: Backend> JointAttention<B> {
 
 /// Image-only self-attention (`attn2` of SD3.5 dual-attention blocks).
 #[derive(Module, Debug)]
-pub struct SelfAttention<B: Backend> {
+pub(crate) struct SelfAttention<B: Backend> {
     /// Queries.
-    pub to_q: LoraLinear<B>,
+    pub(crate) to_q: LoraLinear<B>,
     /// Keys.
-    pub to_k: LoraLinear<B>,
+    pub(crate) to_k: LoraLinear<B>,
     /// Values.
-    pub to_v: LoraLinear<B>,
+    pub(crate) to_v: LoraLinear<B>,
     /// Output projection (checkpoint key `to_out.0`).
-    pub to_out: LoraLinear<B>,
+    pub(crate) to_out: LoraLinear<B>,
     /// Per-head RMSNorm of queries.
-    pub norm_q: Option<RmsNorm<B>>,
+    pub(crate) norm_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of keys.
-    pub norm_k: Option<RmsNorm<B>>,
+    pub(crate) norm_k: Option<RmsNorm<B>>,
     /// Number of heads.
     pub heads: usize,
 }
 
 impl<B: Backend> SelfAttention<B> {
     /// Self-attention of width `dim` with `heads` heads.
-    pub fn new(dim: usize, heads: usize, qk: bool, device: &B::Device) -> Self {
+    pub(crate) fn new(dim: usize, heads: usize, qk: bool, device: &B::Device) -> Self {
         let linear = || LoraLinear::new(dim, dim, device);
         SelfAttention {
             to_q: linear(),
@@ -175,7 +175,7 @@ impl<B: Backend> SelfAttention<B> {
     }
 
     /// `to_out(attention(x))` for tokens `x [B, N, D]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.heads;
         let q = project(x.clone(), &self.to_q, &self.norm_q, h);
         let k = project(x.clone(), &self.to_k, &self.norm_k, h);
@@ -184,7 +184,7 @@ impl<B: Backend> SelfAttention<B> {
     }
 
     /// The adaptable projections with their diffusers module names.
-    pub fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
+    pub(crate) fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
         vec![
             ("to_q", &mut self.to_q),
             ("to_k", &mut self.to_k),

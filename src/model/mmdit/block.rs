@@ -11,7 +11,7 @@ use super::norm::{layer_norm, modulate, AdaLayerNormContinuous, AdaLayerNormZero
 /// evaluated as the identical `x * sigmoid(2z) = x / (1 + exp(-2z))`: one exponential instead of
 /// Burn's `tanh` (f64 per element on ndarray) and `powf` (8x faster there). `-2z` is clamped to
 /// `[-40, 40]`, where `tanh(z)` is already `+-1` in f32, so neither value nor gradient overflows.
-pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+pub(crate) fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
     let cube = x.clone() * x.clone() * x.clone();
     let minus_2z = (x.clone() + cube * 0.044715) * (-2.0 * SQRT_2_OVER_PI);
@@ -20,16 +20,16 @@ pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 
 /// The MLP `Linear(D, 4D) -> GELU(tanh) -> Linear(4D, D)` (checkpoint keys `net.0.proj`, `net.2`).
 #[derive(Module, Debug)]
-pub struct FeedForward<B: Backend> {
+pub(crate) struct FeedForward<B: Backend> {
     /// `Linear(D, 4D)` feeding the GELU (`net.0.proj`).
-    pub proj_in: Linear<B>,
+    pub(crate) proj_in: Linear<B>,
     /// `Linear(4D, D)` (`net.2`).
-    pub proj_out: Linear<B>,
+    pub(crate) proj_out: Linear<B>,
 }
 
 impl<B: Backend> FeedForward<B> {
     /// An MLP of width `dim` with a `4 * dim` hidden layer.
-    pub fn new(dim: usize, device: &B::Device) -> Self {
+    pub(crate) fn new(dim: usize, device: &B::Device) -> Self {
         FeedForward {
             proj_in: LinearConfig::new(dim, 4 * dim).init(device),
             proj_out: LinearConfig::new(4 * dim, dim).init(device),
@@ -37,7 +37,7 @@ impl<B: Backend> FeedForward<B> {
     }
 
     /// `proj_out(gelu_tanh(proj_in(x)))`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.proj_out.forward(gelu_tanh(self.proj_in.forward(x)))
     }
 }
@@ -45,7 +45,7 @@ impl<B: Backend> FeedForward<B> {
 /// The text stream's input norm: AdaLN-Zero, or AdaLN-continuous in the last block, whose text
 /// stream ends after attention ("context pre-only").
 #[derive(Module, Debug)]
-pub enum ContextNorm<B: Backend> {
+pub(crate) enum ContextNorm<B: Backend> {
     /// Blocks that update the text stream.
     Zero(AdaLayerNormZero<B>),
     /// The last block.
@@ -54,24 +54,24 @@ pub enum ContextNorm<B: Backend> {
 
 /// One MMDiT block.
 #[derive(Module, Debug)]
-pub struct JointTransformerBlock<B: Backend> {
+pub(crate) struct JointTransformerBlock<B: Backend> {
     /// Image-stream AdaLN-Zero (9 chunks in dual-attention blocks).
-    pub norm1: AdaLayerNormZero<B>,
+    pub(crate) norm1: AdaLayerNormZero<B>,
     /// Text-stream norm.
-    pub norm1_context: ContextNorm<B>,
+    pub(crate) norm1_context: ContextNorm<B>,
     /// Joint attention.
-    pub attn: JointAttention<B>,
+    pub(crate) attn: JointAttention<B>,
     /// Image-only attention of SD3.5 dual-attention blocks.
-    pub attn2: Option<SelfAttention<B>>,
+    pub(crate) attn2: Option<SelfAttention<B>>,
     /// Image MLP.
-    pub ff: FeedForward<B>,
+    pub(crate) ff: FeedForward<B>,
     /// Text MLP; absent in the last block.
-    pub ff_context: Option<FeedForward<B>>,
+    pub(crate) ff_context: Option<FeedForward<B>>,
 }
 
 impl<B: Backend> JointTransformerBlock<B> {
     /// A block of width `dim`; `last` makes it context-pre-only.
-    pub fn new(
+    pub(crate) fn new(
         dim: usize,
         heads: usize,
         qk: bool,
@@ -102,7 +102,7 @@ impl<B: Backend> JointTransformerBlock<B> {
     /// x += gate_mlp * ff(modulate(LN(x), shift_mlp, scale_mlp))
     /// c += c_gate_msa * attn_c(n_x, n_c);  c += c_gate_mlp * ff_context(modulate(LN(c), ..))
     /// ```
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         x: Tensor<B, 3>,
         c: Tensor<B, 3>,

@@ -12,9 +12,9 @@ use crate::model::precision::{float_dtype, to_dtype};
 
 /// Patch embedding (`pos_embed`): a `p x p` stride-`p` convolution plus the stored position table.
 #[derive(Module, Debug)]
-pub struct PatchEmbed<B: Backend> {
+pub(crate) struct PatchEmbed<B: Backend> {
     /// `Conv2d(in_channels, D, p, stride p)`.
-    pub proj: Conv2d<B>,
+    pub(crate) proj: Conv2d<B>,
     /// Position table `[1, M*M, D]` for an `M x M` patch grid.
     pub pos_embed: Param<Tensor<B, 3>>,
     /// Patch side `p`.
@@ -28,7 +28,7 @@ pub struct PatchEmbed<B: Backend> {
 /// `i`, column `j`, with `s = base_size / M`: the first `D/2` channels are `emb(j s)`, the last
 /// `D/2` are `emb(i s)`, where `emb(x) = [sin(x w_k), cos(x w_k)]` over
 /// `w_k = 10000^(-k / (D/4))`, `k < D/4`.
-pub fn sincos_pos_table(dim: usize, max_size: usize, base_size: usize) -> Vec<f32> {
+pub(crate) fn sincos_pos_table(dim: usize, max_size: usize, base_size: usize) -> Vec<f32> {
     let quarter = dim / 4;
     let scale = base_size as f64 / max_size as f64;
     let emb = |x: f64, out: &mut Vec<f32>| {
@@ -50,7 +50,7 @@ impl<B: Backend> PatchEmbed<B> {
     /// A patch embedder for `in_channels` latent channels, width `dim`, an `M x M` table
     /// initialised as diffusers does ([`sincos_pos_table`] with `base_size` = sample size /
     /// patch); loading a checkpoint replaces it.
-    pub fn new(
+    pub(crate) fn new(
         in_channels: usize,
         dim: usize,
         patch: usize,
@@ -87,7 +87,7 @@ impl<B: Backend> PatchEmbed<B> {
 
     /// The centre crop of the position table for an `h x w` patch grid, as `[1, h*w, D]`:
     /// rows `(M-h)/2 ..`, columns `(M-w)/2 ..` of the table viewed as `[M, M, D]`.
-    pub fn cropped_pos_embed(&self, h: usize, w: usize) -> Result<Tensor<B, 3>> {
+    pub(crate) fn cropped_pos_embed(&self, h: usize, w: usize) -> Result<Tensor<B, 3>> {
         let m = self.max_size;
         if h > m || w > m {
             return Err(Error::shape(
@@ -106,7 +106,7 @@ impl<B: Backend> PatchEmbed<B> {
     }
 
     /// Embeds a latent `[B, C, H, W]` as tokens `[B, (H/p)*(W/p), D]` in row-major patch order.
-    pub fn forward(&self, latent: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+    pub(crate) fn forward(&self, latent: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
         let [_, _, height, width] = latent.dims();
         let (h, w) = (height / self.patch_size, width / self.patch_size);
         let pos = self.cropped_pos_embed(h, w)?;
@@ -119,16 +119,16 @@ impl<B: Backend> PatchEmbed<B> {
 /// Two linears with SiLU between them (`linear_1`, `linear_2`), as diffusers'
 /// `TimestepEmbedding` and `PixArtAlphaTextProjection` hold them.
 #[derive(Module, Debug)]
-pub struct MlpEmbedder<B: Backend> {
+pub(crate) struct MlpEmbedder<B: Backend> {
     /// `Linear(in, D)`.
-    pub linear_1: Linear<B>,
+    pub(crate) linear_1: Linear<B>,
     /// `Linear(D, D)`.
-    pub linear_2: Linear<B>,
+    pub(crate) linear_2: Linear<B>,
 }
 
 impl<B: Backend> MlpEmbedder<B> {
     /// An embedder from `d_in` to `dim` features.
-    pub fn new(d_in: usize, dim: usize, device: &B::Device) -> Self {
+    pub(crate) fn new(d_in: usize, dim: usize, device: &B::Device) -> Self {
         MlpEmbedder {
             linear_1: LinearConfig::new(d_in, dim).init(device),
             linear_2: LinearConfig::new(dim, dim).init(device),
@@ -136,17 +136,17 @@ impl<B: Backend> MlpEmbedder<B> {
     }
 
     /// `linear_2(silu(linear_1(x)))`.
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.linear_2.forward(silu(self.linear_1.forward(x)))
     }
 }
 
 /// Number of sinusoidal features of the timestep projection.
-pub const TIMESTEP_FEATURES: usize = 256;
+pub(crate) const TIMESTEP_FEATURES: usize = 256;
 
 /// Sinusoidal timestep features `[B, 256]`, cosines first:
 /// `f_k = exp(-ln(10000) k / 128)`, `emb = [cos(t f_k), sin(t f_k)]`, `k = 0..128`.
-pub fn timestep_features<B: Backend>(timestep: Tensor<B, 1>) -> Tensor<B, 2> {
+pub(crate) fn timestep_features<B: Backend>(timestep: Tensor<B, 1>) -> Tensor<B, 2> {
     let half = TIMESTEP_FEATURES / 2;
     let device = timestep.device();
     let freqs: Vec<f32> =
@@ -159,16 +159,16 @@ pub fn timestep_features<B: Backend>(timestep: Tensor<B, 1>) -> Tensor<B, 2> {
 /// The conditioning vector `temb = timestep_embedder(features(t)) + text_embedder(pooled)`
 /// (diffusers' `CombinedTimestepTextProjEmbeddings`).
 #[derive(Module, Debug)]
-pub struct TimeTextEmbed<B: Backend> {
+pub(crate) struct TimeTextEmbed<B: Backend> {
     /// MLP on the sinusoidal timestep features.
-    pub timestep_embedder: MlpEmbedder<B>,
+    pub(crate) timestep_embedder: MlpEmbedder<B>,
     /// MLP on the pooled text vector.
-    pub text_embedder: MlpEmbedder<B>,
+    pub(crate) text_embedder: MlpEmbedder<B>,
 }
 
 impl<B: Backend> TimeTextEmbed<B> {
     /// Embedders into width `dim` for a pooled vector of `pooled_dim`.
-    pub fn new(dim: usize, pooled_dim: usize, device: &B::Device) -> Self {
+    pub(crate) fn new(dim: usize, pooled_dim: usize, device: &B::Device) -> Self {
         TimeTextEmbed {
             timestep_embedder: MlpEmbedder::new(TIMESTEP_FEATURES, dim, device),
             text_embedder: MlpEmbedder::new(pooled_dim, dim, device),
@@ -178,7 +178,7 @@ impl<B: Backend> TimeTextEmbed<B> {
     /// `temb [B, D]` from timesteps `[B]` (`sigma * 1000`, any float dtype: the features are
     /// computed in it and cast to `pooled`'s, as diffusers casts them to the hidden states') and
     /// pooled text `[B, P]`.
-    pub fn forward(&self, timestep: Tensor<B, 1>, pooled: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub(crate) fn forward(&self, timestep: Tensor<B, 1>, pooled: Tensor<B, 2>) -> Tensor<B, 2> {
         let features = to_dtype(timestep_features(timestep), float_dtype(&pooled));
         self.timestep_embedder.forward(features) + self.text_embedder.forward(pooled)
     }

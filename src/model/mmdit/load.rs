@@ -11,21 +11,20 @@ use burn::prelude::*;
 
 use super::{MMDiT, MMDiTConfig};
 use crate::error::{Error, Result};
-use crate::weights::{
-    apply_plan, export_params, save_safetensors, write_atomically, Source, WeightFiles,
-};
+use crate::files::write_atomically;
+use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
 
 /// Key prefix of the transformer in Stability single-file checkpoints.
-pub const STABILITY_PREFIX: &str = "model.diffusion_model.";
+pub(crate) const STABILITY_PREFIX: &str = "model.diffusion_model.";
 /// Weight file name of a diffusers model folder.
-pub const WEIGHTS_FILE: &str = "diffusion_pytorch_model.safetensors";
+pub(crate) const WEIGHTS_FILE: &str = "diffusion_pytorch_model.safetensors";
 /// Shard index file name of a sharded diffusers model folder.
-pub const INDEX_FILE: &str = "diffusion_pytorch_model.safetensors.index.json";
+pub(crate) const INDEX_FILE: &str = "diffusion_pytorch_model.safetensors.index.json";
 
 /// The diffusers checkpoint key of a module parameter path:
 /// `to_out` -> `to_out.0`, `ff.proj_in` -> `ff.net.0.proj`, `ff.proj_out` -> `ff.net.2`,
 /// RMSNorm `gamma` -> `weight`.
-pub fn diffusers_key(path: &str) -> String {
+pub(crate) fn diffusers_key(path: &str) -> String {
     let segments: Vec<&str> = path.split('.').collect();
     let mut out: Vec<&str> = Vec::with_capacity(segments.len() + 2);
     for (i, s) in segments.iter().enumerate() {
@@ -43,7 +42,7 @@ pub fn diffusers_key(path: &str) -> String {
 
 /// Which part of a Stability tensor a diffusers tensor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
+pub(crate) enum Part {
     /// The whole tensor.
     Whole,
     /// Third `0`, `1` or `2` (q, k, v) of a fused `qkv` tensor, along the first dimension.
@@ -54,7 +53,7 @@ pub enum Part {
 
 /// The Stability single-file key (without [`STABILITY_PREFIX`]) and part holding the diffusers
 /// tensor `key`, for a model whose last block is `last`; `None` for keys with no counterpart.
-pub fn stability_key(key: &str, last: usize) -> Option<(String, Part)> {
+pub(crate) fn stability_key(key: &str, last: usize) -> Option<(String, Part)> {
     let whole = |k: String| Some((k, Part::Whole));
     let (module, param) = key.rsplit_once('.')?;
     let simple = match module {
@@ -308,5 +307,55 @@ impl<B: Backend> MMDiT<B> {
         write_atomically(&config_path, |tmp| {
             std::fs::write(tmp, &json).map_err(|e| Error::io(tmp, e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::backend::Backend as B;
+    use crate::weights::apply::param_slots;
+
+    fn models_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+    }
+
+    /// The released configurations' parameters have exactly diffusers' keys and shapes
+    /// (`tests/fixtures/mmdit_presets.json`, from diffusers' state dicts).
+    #[test]
+    fn presets_have_exactly_diffusers_keys_and_shapes() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmdit_presets.json"),
+        )
+        .unwrap();
+        let presets: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for name in ["sd3-medium", "sd3.5-medium", "sd3.5-large"] {
+            let config = MMDiTConfig::load_json(models_dir().join(format!("{name}.json"))).unwrap();
+            // Lazily initialised: nothing is allocated for these multi-billion-parameter models.
+            let model = config.init::<B>(&Default::default()).unwrap();
+            let ours: BTreeMap<String, Vec<usize>> = param_slots::<B, _>(&model)
+                .into_iter()
+                .map(|s| (diffusers_key(&s.path), s.torch_shape()))
+                .collect();
+            let theirs: BTreeMap<String, Vec<usize>> =
+                serde_json::from_value(presets[name]["shapes"].clone()).unwrap();
+            let only_ours: Vec<_> = ours.keys().filter(|k| !theirs.contains_key(*k)).collect();
+            let only_theirs: Vec<_> = theirs.keys().filter(|k| !ours.contains_key(*k)).collect();
+            assert!(
+                only_ours.is_empty() && only_theirs.is_empty(),
+                "{name}: only ours {only_ours:?}, only diffusers {only_theirs:?}"
+            );
+            for (k, shape) in &theirs {
+                assert_eq!(&ours[k], shape, "{name}: shape of {k}");
+            }
+            let count: usize = ours.values().map(|s| s.iter().product::<usize>()).sum();
+            assert_eq!(
+                count as u64,
+                presets[name]["num_params"].as_u64().unwrap(),
+                "{name}: parameter count"
+            );
+        }
     }
 }

@@ -3,18 +3,18 @@
 //!
 //! Module fields are named after diffusers' checkpoint keys; [`load`] holds the short remap.
 
-pub mod attention;
-pub mod block;
-pub mod config;
-pub mod embed;
-pub mod load;
-pub mod norm;
+pub(crate) mod attention;
+pub(crate) mod block;
+pub(crate) mod config;
+pub(crate) mod embed;
+pub(crate) mod load;
+pub(crate) mod norm;
 
 use burn::module::{ModuleMapper, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
-pub use block::JointTransformerBlock;
+use block::JointTransformerBlock;
 pub use config::MMDiTConfig;
 
 use crate::error::{Error, Result};
@@ -27,17 +27,17 @@ use norm::AdaLayerNormContinuous;
 #[derive(Module, Debug)]
 pub struct MMDiT<B: Backend> {
     /// Patch embedding and position table.
-    pub pos_embed: PatchEmbed<B>,
+    pub(crate) pos_embed: PatchEmbed<B>,
     /// Timestep and pooled-text conditioning.
-    pub time_text_embed: TimeTextEmbed<B>,
+    pub(crate) time_text_embed: TimeTextEmbed<B>,
     /// Projection of the text features to the hidden size.
-    pub context_embedder: Linear<B>,
+    pub(crate) context_embedder: Linear<B>,
     /// The joint blocks; the last one is context-pre-only.
-    pub transformer_blocks: Vec<JointTransformerBlock<B>>,
+    pub(crate) transformer_blocks: Vec<JointTransformerBlock<B>>,
     /// Output AdaLN-continuous.
-    pub norm_out: AdaLayerNormContinuous<B>,
+    pub(crate) norm_out: AdaLayerNormContinuous<B>,
     /// Projection to `p * p * out_channels` values per patch.
-    pub proj_out: Linear<B>,
+    pub(crate) proj_out: Linear<B>,
     /// The configuration the model was built from.
     #[module(skip)]
     pub config: MMDiTConfig,
@@ -201,8 +201,8 @@ impl<B: Backend> MMDiT<B> {
         ]))
     }
 
-    /// The dtype of the base weights, which the forward pass computes in
-    /// ([`crate::model::precision`]).
+    /// The dtype of the base weights, which the forward pass computes in (see
+    /// [`Precision`](crate::model::Precision)).
     pub fn dtype(&self) -> FloatDType {
         float_dtype(&self.context_embedder.weight.val())
     }

@@ -7,11 +7,11 @@ use burn::tensor::activation::silu;
 use crate::model::precision::in_f32;
 
 /// Epsilon of every LayerNorm in the MMDiT.
-pub const LN_EPS: f64 = 1e-6;
+pub(crate) const LN_EPS: f64 = 1e-6;
 
 /// LayerNorm over the last dimension without affine weights (torch `elementwise_affine=False`),
 /// computed in f32 whatever the activations' dtype (as torch does under autocast).
-pub fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+pub(crate) fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     in_f32(x, |x| {
         let (var, mean) = x.clone().var_mean_bias(D - 1);
         (x - mean) / (var + LN_EPS).sqrt()
@@ -20,7 +20,7 @@ pub fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 
 /// `modulate(n, shift, scale) = n * (1 + scale) + shift`, with `shift, scale: [B, D]`
 /// broadcast over the tokens of `n: [B, N, D]`.
-pub fn modulate<B: Backend>(
+pub(crate) fn modulate<B: Backend>(
     n: Tensor<B, 3>,
     shift: Tensor<B, 2>,
     scale: Tensor<B, 2>,
@@ -30,7 +30,7 @@ pub fn modulate<B: Backend>(
 
 /// The output of [`AdaLayerNormZero`]: the modulated input plus the gates and MLP modulation.
 #[derive(Debug, Clone)]
-pub struct ZeroModulation<B: Backend> {
+pub(crate) struct ZeroModulation<B: Backend> {
     /// `modulate(LN(x), shift_msa, scale_msa)`.
     pub x: Tensor<B, 3>,
     /// Gate of the attention residual.
@@ -48,16 +48,16 @@ pub struct ZeroModulation<B: Backend> {
 /// AdaLN-Zero: `Linear(SiLU(temb))` chunked as shift_msa, scale_msa, gate_msa, shift_mlp,
 /// scale_mlp, gate_mlp (and shift_msa2, scale_msa2, gate_msa2 in SD3.5 dual-attention blocks).
 #[derive(Module, Debug)]
-pub struct AdaLayerNormZero<B: Backend> {
+pub(crate) struct AdaLayerNormZero<B: Backend> {
     /// `Linear(D, 6D)` or `Linear(D, 9D)`.
-    pub linear: Linear<B>,
+    pub(crate) linear: Linear<B>,
     /// Whether the norm has the three extra chunks of a dual-attention block.
     pub dual: bool,
 }
 
 impl<B: Backend> AdaLayerNormZero<B> {
     /// A 6-chunk norm, or a 9-chunk one when `dual`.
-    pub fn new(dim: usize, dual: bool, device: &B::Device) -> Self {
+    pub(crate) fn new(dim: usize, dual: bool, device: &B::Device) -> Self {
         AdaLayerNormZero {
             linear: LinearConfig::new(dim, if dual { 9 } else { 6 } * dim).init(device),
             dual,
@@ -65,7 +65,7 @@ impl<B: Backend> AdaLayerNormZero<B> {
     }
 
     /// Modulates `x [B, N, D]` by `temb [B, D]`.
-    pub fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> ZeroModulation<B> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> ZeroModulation<B> {
         let chunks = if self.dual { 9 } else { 6 };
         let mut c = self.linear.forward(silu(temb)).chunk(chunks, 1).into_iter();
         let mut next = || c.next().expect("chunk count");
@@ -89,19 +89,19 @@ impl<B: Backend> AdaLayerNormZero<B> {
 
 /// AdaLN-continuous: `Linear(SiLU(temb))` chunked as **scale, shift**, applied to `LN(x)`.
 #[derive(Module, Debug)]
-pub struct AdaLayerNormContinuous<B: Backend> {
+pub(crate) struct AdaLayerNormContinuous<B: Backend> {
     /// `Linear(D, 2D)`.
-    pub linear: Linear<B>,
+    pub(crate) linear: Linear<B>,
 }
 
 impl<B: Backend> AdaLayerNormContinuous<B> {
     /// A continuous AdaLN of width `dim`.
-    pub fn new(dim: usize, device: &B::Device) -> Self {
+    pub(crate) fn new(dim: usize, device: &B::Device) -> Self {
         AdaLayerNormContinuous { linear: LinearConfig::new(dim, 2 * dim).init(device) }
     }
 
     /// `LN(x) * (1 + scale) + shift` with `[scale, shift] = Linear(SiLU(temb))`.
-    pub fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> Tensor<B, 3> {
+    pub(crate) fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> Tensor<B, 3> {
         let [scale, shift] =
             self.linear.forward(silu(temb)).chunk(2, 1).try_into().expect("two chunks");
         modulate(layer_norm(x), shift, scale)

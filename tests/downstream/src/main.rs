@@ -3,7 +3,8 @@
 
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::image::Image;
-use tpgrpo::reward::{Prompt, Reward};
+use tpgrpo::reward::Reward;
+use tpgrpo::prompts::Prompt;
 use tpgrpo::train::{EpochMetrics, Observer, Phase};
 
 /// Mean brightness of the image: a reward a user could write in a few lines.

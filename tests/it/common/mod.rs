@@ -102,7 +102,7 @@ impl tpgrpo::reward::Reward for Brightness {
     fn score(
         &self,
         images: &[tpgrpo::image::Image],
-        _: &[tpgrpo::reward::Prompt],
+        _: &[tpgrpo::prompts::Prompt],
     ) -> tpgrpo::Result<Vec<f64>> {
         Ok(images
             .iter()
@@ -128,7 +128,7 @@ impl<R: tpgrpo::reward::Reward> tpgrpo::reward::Reward for Recording<R> {
     fn score(
         &self,
         images: &[tpgrpo::image::Image],
-        prompts: &[tpgrpo::reward::Prompt],
+        prompts: &[tpgrpo::prompts::Prompt],
     ) -> tpgrpo::Result<Vec<f64>> {
         let scores = self.inner.score(images, prompts)?;
         self.calls.lock().unwrap().push(scores.clone());

@@ -1,14 +1,15 @@
-//! The embedded toy task: prompts, renderer, scorer (checked on hand-built scenes) and the
-//! text encoder.
+//! The embedded toy task's parts: prompts, renderer, scorer (checked on hand-built scenes),
+//! alignment and the text encoder.
 
-use tpgrpo::image::Image;
-use tpgrpo::reward::{score_checked, Prompt, Reward};
-use tpgrpo::toy::alignment::alignment;
-use tpgrpo::toy::draw::{layout, paint, Placed};
-use tpgrpo::toy::prompt::{all_scenes, Color, Include, Relation, Shape};
-use tpgrpo::toy::scorer::{detect, score_scene, Checks, COLOR_ONLY_CREDIT};
-use tpgrpo::toy::text::tokenize;
-use tpgrpo::toy::{prompts, render, Scene, Split, ToyScorer};
+use super::alignment::alignment;
+use super::draw::{layout, paint, Placed};
+use super::prompt::{all_scenes, Color, Include, Relation, Shape};
+use super::scorer::{detect, score_scene, Checks, COLOR_ONLY_CREDIT};
+use super::text::tokenize;
+use super::{prompts, render, Scene, Split, ToyScorer};
+use crate::image::Image;
+use crate::prompts::Prompt;
+use crate::reward::{score_checked, Reward};
 
 fn obj(shape: Shape, color: Color, x: usize, y: usize, side: usize) -> Placed {
     Placed { shape, rgb: color.rgb(), x, y, side }
@@ -168,7 +169,7 @@ fn scorer_errors_and_non_finite_scores() {
             {"class": "square", "color": "blue", "count": 1, "position": ["above", anchor]},
         ]});
         let bad = Prompt { text: "a blue square above a red circle".into(), metadata };
-        let rewards: [&dyn Reward; 2] = [&ToyScorer, &tpgrpo::toy::ToyAlignment];
+        let rewards: [&dyn Reward; 2] = [&ToyScorer, &crate::toy::ToyAlignment];
         for reward in rewards {
             let err = reward.score(std::slice::from_ref(&img), std::slice::from_ref(&bad));
             let err = err.unwrap_err().to_string();
@@ -183,7 +184,7 @@ fn scorer_errors_and_non_finite_scores() {
         fn name(&self) -> &str {
             "nan"
         }
-        fn score(&self, images: &[Image], _: &[Prompt]) -> tpgrpo::Result<Vec<f64>> {
+        fn score(&self, images: &[Image], _: &[Prompt]) -> crate::Result<Vec<f64>> {
             Ok(vec![f64::NAN; images.len()])
         }
     }
@@ -221,7 +222,7 @@ fn alignment_by_hand() {
 /// colour, an empty (black) image, uniform noise, and the scene drawn in other colours.
 #[test]
 fn alignment_rewards_rendered_scenes_and_no_degenerate_picture() {
-    let mut rng = tpgrpo::rng::SplitMix64(9);
+    let mut rng = crate::rng::SplitMix64(9);
     let (mut rendered, mut worst_degenerate) = (Vec::new(), 0.0f64);
     for (i, s) in all_scenes().iter().enumerate() {
         for seed in 0..2 {
