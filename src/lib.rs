@@ -47,6 +47,30 @@
 //!     Ok(())
 //! }
 //! ```
+//!
+//! # Sampling with SD3.5 and a trained adapter
+//!
+//! [`pipeline::Sd3Pipeline`] loads a diffusers folder (here a download of
+//! `stabilityai/stable-diffusion-3.5-medium`); the adapters a run saves in its checkpoints
+//! are PEFT folders that [`model::MMDiT::load_peft`] attaches (or that `merge_lora` folds in):
+//!
+//! ```no_run
+//! use tpgrpo::backend::{self, Backend};
+//! use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline, DEFAULT_T5_LENGTH};
+//!
+//! fn main() -> tpgrpo::Result<()> {
+//!     let device = backend::init()?;
+//!     let mut pipe =
+//!         Sd3Pipeline::<Backend>::load("models/sd3.5-medium", DEFAULT_T5_LENGTH, &device)?;
+//!     let adapter = "runs/pickscore/checkpoints/epoch-00100/ema";
+//!     let (transformer, _lora) = pipe.transformer.load_peft(adapter)?;
+//!     pipe.transformer = transformer.merge_lora();
+//!     let config = SampleConfig::new().with_steps(28);
+//!     let images = pipe.generate(&["a red cube on top of a blue sphere"], &[0], &config)?;
+//!     tpgrpo::image::save_png("cube.png".as_ref(), &images[0])?;
+//!     Ok(())
+//! }
+//! ```
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]

@@ -29,13 +29,24 @@ pub(crate) struct LoraAdapter<B: Backend> {
     pub scale: f64,
 }
 
-impl<B: Backend> LoraLinear<B> {
-    /// A randomly initialised `d_in -> d_out` layer with bias (Burn's `Linear` initialisation).
-    pub(crate) fn new(d_in: usize, d_out: usize, device: &B::Device) -> Self {
-        let base = burn::nn::LinearConfig::new(d_in, d_out).init::<B>(device);
+/// Settings of a [`LoraLinear`] (without an adapter: [`crate::model::LoraConfig`] adds one).
+#[derive(Config, Debug)]
+pub(crate) struct LoraLinearConfig {
+    /// Input features.
+    d_input: usize,
+    /// Output features.
+    d_output: usize,
+}
+
+impl LoraLinearConfig {
+    /// A randomly initialised layer with bias (Burn's `Linear` initialisation), no adapter.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> LoraLinear<B> {
+        let base = burn::nn::LinearConfig::new(self.d_input, self.d_output).init::<B>(device);
         LoraLinear { weight: base.weight, bias: base.bias, lora: None }
     }
+}
 
+impl<B: Backend> LoraLinear<B> {
     /// `x W + b`, plus `scale (x A) B` when an adapter is attached.
     pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let base = linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));

@@ -111,7 +111,7 @@ impl VaeConfig {
         for (i, &c) in chans.iter().enumerate() {
             down_blocks.push(DownBlock {
                 resnets: (0..self.layers_per_block)
-                    .map(|j| Resnet::new(if j == 0 { prev } else { c }, c, g, device))
+                    .map(|j| ResnetConfig::new(if j == 0 { prev } else { c }, c, g).init(device))
                     .collect(),
                 downsamplers: (i + 1 < levels)
                     .then(|| Sampler { conv: conv(c, c, 3, 0, 2, device) })
@@ -125,7 +125,7 @@ impl VaeConfig {
         for (i, &c) in chans.iter().rev().enumerate() {
             up_blocks.push(UpBlock {
                 resnets: (0..=self.layers_per_block)
-                    .map(|j| Resnet::new(if j == 0 { prev } else { c }, c, g, device))
+                    .map(|j| ResnetConfig::new(if j == 0 { prev } else { c }, c, g).init(device))
                     .collect(),
                 upsamplers: (i + 1 < levels)
                     .then(|| Sampler { conv: conv(c, c, 3, 1, 1, device) })
@@ -139,13 +139,13 @@ impl VaeConfig {
             encoder: Encoder {
                 conv_in: conv(self.in_channels, chans[0], 3, 1, 1, device),
                 down_blocks,
-                mid_block: MidBlock::new(top, g, device),
+                mid_block: MidBlockConfig::new(top, g).init(device),
                 conv_norm_out: norm(top),
                 conv_out: conv(top, 2 * self.latent_channels, 3, 1, 1, device),
             },
             decoder: Decoder {
                 conv_in: conv(self.latent_channels, top, 3, 1, 1, device),
-                mid_block: MidBlock::new(top, g, device),
+                mid_block: MidBlockConfig::new(top, g).init(device),
                 up_blocks,
                 conv_norm_out: norm(chans[0]),
                 conv_out: conv(chans[0], self.out_channels, 3, 1, 1, device),
@@ -188,8 +188,21 @@ pub(crate) struct Resnet<B: Backend> {
     pub(crate) conv_shortcut: Option<Conv2d<B>>,
 }
 
-impl<B: Backend> Resnet<B> {
-    fn new(i: usize, o: usize, groups: usize, device: &B::Device) -> Self {
+/// Settings of a [`Resnet`].
+#[derive(Config, Debug)]
+pub(crate) struct ResnetConfig {
+    /// Input channels.
+    in_channels: usize,
+    /// Output channels.
+    out_channels: usize,
+    /// Groups of the group norms.
+    groups: usize,
+}
+
+impl ResnetConfig {
+    /// The block these settings describe.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> Resnet<B> {
+        let (i, o, groups) = (self.in_channels, self.out_channels, self.groups);
         let norm = |c| GroupNormConfig::new(groups, c).with_epsilon(EPS).init(device);
         Resnet {
             norm1: norm(i),
@@ -199,7 +212,9 @@ impl<B: Backend> Resnet<B> {
             conv_shortcut: (i != o).then(|| conv(i, o, 1, 0, 1, device)),
         }
     }
+}
 
+impl<B: Backend> Resnet<B> {
     /// Applies the block to `[B, C, H, W]`.
     pub(crate) fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let h = self.conv1.forward(silu(self.norm1.forward(x.clone())));
@@ -250,11 +265,23 @@ pub(crate) struct MidBlock<B: Backend> {
     pub(crate) attentions: Vec<VaeAttention<B>>,
 }
 
-impl<B: Backend> MidBlock<B> {
-    fn new(c: usize, groups: usize, device: &B::Device) -> Self {
+/// Settings of a [`MidBlock`].
+#[derive(Config, Debug)]
+pub(crate) struct MidBlockConfig {
+    /// Channels at the lowest resolution.
+    channels: usize,
+    /// Groups of the group norms.
+    groups: usize,
+}
+
+impl MidBlockConfig {
+    /// The block these settings describe.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> MidBlock<B> {
+        let (c, groups) = (self.channels, self.groups);
         let lin = || LinearConfig::new(c, c).init(device);
+        let resnet = ResnetConfig::new(c, c, groups);
         MidBlock {
-            resnets: vec![Resnet::new(c, c, groups, device), Resnet::new(c, c, groups, device)],
+            resnets: vec![resnet.init(device), resnet.init(device)],
             attentions: vec![VaeAttention {
                 group_norm: GroupNormConfig::new(groups, c).with_epsilon(EPS).init(device),
                 to_q: lin(),
@@ -264,7 +291,9 @@ impl<B: Backend> MidBlock<B> {
             }],
         }
     }
+}
 
+impl<B: Backend> MidBlock<B> {
     /// Applies the block.
     pub(crate) fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = self.resnets[0].forward(x);

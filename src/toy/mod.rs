@@ -23,7 +23,7 @@ pub use alignment::ToyAlignment;
 pub use draw::{render, IMAGE_SIZE};
 pub use prompt::{prompts, Scene, Split};
 pub use scorer::{ToyChecks, ToyScorer};
-pub use text::ToyTextEncoder;
+pub use text::{ToyTextEncoder, ToyTextEncoderConfig};
 
 /// Text encoder weight file inside the toy model folder.
 pub(crate) const TEXT_ENCODER_FILE: &str = "text_encoder.safetensors";
@@ -73,7 +73,7 @@ impl<B: Backend> ToyModel<B> {
     pub fn init(device: &B::Device) -> Result<Self> {
         let config = toy_config();
         Ok(ToyModel {
-            text_encoder: ToyTextEncoder::new(config.joint_attention_dim, device),
+            text_encoder: ToyTextEncoderConfig::new(config.joint_attention_dim).init(device),
             transformer: config.init(device)?.zero_init_modulation(device),
         })
     }
@@ -89,7 +89,8 @@ impl<B: Backend> ToyModel<B> {
             ));
         }
         let path = dir.join(TEXT_ENCODER_FILE);
-        let mut text_encoder = ToyTextEncoder::new(transformer.config.joint_attention_dim, device);
+        let mut text_encoder =
+            ToyTextEncoderConfig::new(transformer.config.joint_attention_dim).init(device);
         let files = WeightFiles::open(&path)?;
         apply_plan(&mut text_encoder, &files, &path, |p: &str| Source::key(p), |_| true)?;
         Ok(ToyModel { transformer, text_encoder })

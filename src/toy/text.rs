@@ -4,7 +4,7 @@ use burn::module::{Initializer, Param};
 use burn::nn::{Embedding, EmbeddingConfig};
 use burn::prelude::*;
 
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::sampler::Conditioning;
 
 /// The vocabulary; id 0 pads.
@@ -35,7 +35,7 @@ pub(crate) const MAX_TOKENS: usize = 8;
 
 /// Word ids of `text`, padded to [`MAX_TOKENS`]; an unknown word or a too-long prompt is an
 /// error naming it.
-pub(crate) fn tokenize(text: &str) -> Result<Vec<usize>> {
+pub(crate) fn tokenize(text: &str) -> crate::Result<Vec<usize>> {
     let mut ids = Vec::with_capacity(MAX_TOKENS);
     for word in text.split_whitespace() {
         let id = VOCAB.iter().position(|v| *v == word && word != "<pad>").ok_or_else(|| {
@@ -63,23 +63,32 @@ pub struct ToyTextEncoder<B: Backend> {
     pub position_embedding: Param<Tensor<B, 2>>,
 }
 
-impl<B: Backend> ToyTextEncoder<B> {
-    /// A randomly initialised encoder of width `dim`.
-    pub fn new(dim: usize, device: &B::Device) -> Self {
+/// Settings of a [`ToyTextEncoder`].
+#[derive(Config, Debug)]
+pub struct ToyTextEncoderConfig {
+    /// Width of the features (the transformer's `joint_attention_dim`).
+    pub dim: usize,
+}
+
+impl ToyTextEncoderConfig {
+    /// A randomly initialised encoder.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> ToyTextEncoder<B> {
         ToyTextEncoder {
-            token_embedding: EmbeddingConfig::new(VOCAB.len(), dim).init(device),
+            token_embedding: EmbeddingConfig::new(VOCAB.len(), self.dim).init(device),
             position_embedding: Initializer::Normal { mean: 0.0, std: 0.02 }
-                .init([MAX_TOKENS, dim], device),
+                .init([MAX_TOKENS, self.dim], device),
         }
     }
+}
 
+impl<B: Backend> ToyTextEncoder<B> {
     /// Text features `[B, MAX_TOKENS, D]` and pooled vectors `[B, D]` of `texts`.
-    pub fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+    pub fn encode(&self, texts: &[&str]) -> crate::Result<Conditioning<B>> {
         let device = self.position_embedding.device();
         let ids: Vec<i64> = texts
             .iter()
             .map(|t| tokenize(t))
-            .collect::<Result<Vec<_>>>()?
+            .collect::<crate::Result<Vec<_>>>()?
             .into_iter()
             .flatten()
             .map(|i| i as i64)

@@ -7,16 +7,23 @@ use burn::tensor::activation::{gelu, sigmoid};
 
 use crate::model::attention::{self_attention, Scores};
 
-/// The sizes of one tower's encoder (fields of its `config.json`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct EncoderShape {
-    pub width: usize,
-    pub intermediate: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub eps: f64,
-    pub quick_gelu: bool,
-    pub causal: bool,
+/// Settings of one tower's [`ClipEncoder`] (from the fields of its `config.json`).
+#[derive(Config, Debug, Copy)]
+pub(crate) struct ClipEncoderConfig {
+    /// `hidden_size`.
+    pub(crate) width: usize,
+    /// `intermediate_size`.
+    pub(crate) intermediate: usize,
+    /// `num_hidden_layers`.
+    pub(crate) layers: usize,
+    /// `num_attention_heads`.
+    pub(crate) heads: usize,
+    /// `layer_norm_eps`.
+    pub(crate) eps: f64,
+    /// `hidden_act` is `quick_gelu` (else exact GELU).
+    pub(crate) quick_gelu: bool,
+    /// A causal mask (the text tower).
+    pub(crate) causal: bool,
 }
 
 /// Checks an activation name and head count; errors name the field.
@@ -39,7 +46,7 @@ pub(crate) fn validate_shape(hidden_act: &str, hidden: usize, heads: usize) -> c
     Ok(())
 }
 
-impl EncoderShape {
+impl ClipEncoderConfig {
     /// A layer norm of the tower's width.
     pub(crate) fn norm<B: Backend>(&self, device: &B::Device) -> LayerNorm<B> {
         LayerNormConfig::new(self.width).with_epsilon(self.eps).init(device)

@@ -9,7 +9,7 @@ use std::path::Path;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, Linear, LinearConfig};
 use burn::prelude::*;
 
-use super::encoder::{validate_shape, ClipEncoder, EncoderShape};
+use super::encoder::{validate_shape, ClipEncoder, ClipEncoderConfig};
 use crate::weights::{load_folder, torch_param_name, Source};
 
 /// A CLIP text encoder's `config.json` (the fields SD3 uses).
@@ -66,7 +66,7 @@ impl ClipTextConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> crate::Result<ClipTextModel<B>> {
         self.validate()?;
         let d = self.hidden_size;
-        let shape = EncoderShape {
+        let shape = ClipEncoderConfig {
             width: d,
             intermediate: self.intermediate_size,
             layers: self.num_hidden_layers,

@@ -6,7 +6,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, Linear, LinearConfig};
 use burn::prelude::*;
 
-use super::encoder::{validate_shape, ClipEncoder, EncoderShape};
+use super::encoder::{validate_shape, ClipEncoder, ClipEncoderConfig};
 
 /// A CLIP vision tower's `config.json` (transformers' `CLIPVisionConfig`, with its defaults).
 #[derive(Config, Debug)]
@@ -83,7 +83,7 @@ impl ClipVisionConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> crate::Result<ClipVisionModel<B>> {
         self.validate()?;
         let (d, p) = (self.hidden_size, self.patch_size);
-        let shape = EncoderShape {
+        let shape = ClipEncoderConfig {
             width: d,
             intermediate: self.intermediate_size,
             layers: self.num_hidden_layers,

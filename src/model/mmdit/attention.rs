@@ -2,7 +2,7 @@
 //! dual-attention blocks, with optional per-head RMS query/key normalisation.
 
 use crate::model::attention::{attend, merge_heads, split_heads, Scores};
-use crate::model::lora_linear::LoraLinear;
+use crate::model::lora_linear::{LoraLinear, LoraLinearConfig};
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
@@ -58,16 +58,26 @@ pub(crate) struct JointAttention<B: Backend> {
     pub heads: usize,
 }
 
-impl<B: Backend> JointAttention<B> {
-    /// Joint attention of width `dim` with `heads` heads; `context_pre_only` drops `to_add_out`.
-    pub(crate) fn new(
-        dim: usize,
-        heads: usize,
-        qk: bool,
-        context_pre_only: bool,
-        device: &B::Device,
-    ) -> Self {
-        let linear = || LoraLinear::new(dim, dim, device);
+/// Settings of a [`JointAttention`].
+#[derive(Config, Debug)]
+pub(crate) struct JointAttentionConfig {
+    /// Width of both streams.
+    dim: usize,
+    /// Attention heads.
+    heads: usize,
+    /// Per-head RMSNorm of queries and keys.
+    #[config(default = false)]
+    qk_norm: bool,
+    /// No `to_add_out`: the text stream ends here (the last block).
+    #[config(default = false)]
+    context_pre_only: bool,
+}
+
+impl JointAttentionConfig {
+    /// Joint attention of width `dim` with `heads` heads.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> JointAttention<B> {
+        let (dim, heads, qk) = (self.dim, self.heads, self.qk_norm);
+        let linear = || LoraLinearConfig::new(dim, dim).init(device);
         let head_dim = dim / heads;
         JointAttention {
             to_q: linear(),
@@ -77,7 +87,7 @@ impl<B: Backend> JointAttention<B> {
             add_k_proj: linear(),
             add_v_proj: linear(),
             to_out: linear(),
-            to_add_out: (!context_pre_only).then(linear),
+            to_add_out: (!self.context_pre_only).then(linear),
             norm_q: qk_norm(qk, head_dim, device),
             norm_k: qk_norm(qk, head_dim, device),
             norm_added_q: qk_norm(qk, head_dim, device),
@@ -85,7 +95,9 @@ impl<B: Backend> JointAttention<B> {
             heads,
         }
     }
+}
 
+impl<B: Backend> JointAttention<B> {
     /// Attends over the concatenation of image tokens `x [B, N, D]` and text tokens
     /// `c [B, L, D]`; returns the projected image part and, unless the block is context-pre-only,
     /// the projected text part.
@@ -159,10 +171,23 @@ pub(crate) struct SelfAttention<B: Backend> {
     pub heads: usize,
 }
 
-impl<B: Backend> SelfAttention<B> {
+/// Settings of a [`SelfAttention`].
+#[derive(Config, Debug)]
+pub(crate) struct SelfAttentionConfig {
+    /// Width of the stream.
+    dim: usize,
+    /// Attention heads.
+    heads: usize,
+    /// Per-head RMSNorm of queries and keys.
+    #[config(default = false)]
+    qk_norm: bool,
+}
+
+impl SelfAttentionConfig {
     /// Self-attention of width `dim` with `heads` heads.
-    pub(crate) fn new(dim: usize, heads: usize, qk: bool, device: &B::Device) -> Self {
-        let linear = || LoraLinear::new(dim, dim, device);
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> SelfAttention<B> {
+        let (dim, heads, qk) = (self.dim, self.heads, self.qk_norm);
+        let linear = || LoraLinearConfig::new(dim, dim).init(device);
         SelfAttention {
             to_q: linear(),
             to_k: linear(),
@@ -173,7 +198,9 @@ impl<B: Backend> SelfAttention<B> {
             heads,
         }
     }
+}
 
+impl<B: Backend> SelfAttention<B> {
     /// `to_out(attention(x))` for tokens `x [B, N, D]`.
     pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let h = self.heads;

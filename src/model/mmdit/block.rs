@@ -4,8 +4,11 @@
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
-use super::attention::{JointAttention, SelfAttention};
-use super::norm::{layer_norm, modulate, AdaLayerNormContinuous, AdaLayerNormZero};
+use super::attention::{JointAttention, JointAttentionConfig, SelfAttention, SelfAttentionConfig};
+use super::norm::{
+    layer_norm, modulate, AdaLayerNormContinuous, AdaLayerNormContinuousConfig, AdaLayerNormZero,
+    AdaLayerNormZeroConfig,
+};
 
 /// GELU with the tanh approximation, `0.5 x (1 + tanh(z))`, `z = sqrt(2/pi) (x + 0.044715 x^3)`,
 /// evaluated as the identical `x * sigmoid(2z) = x / (1 + exp(-2z))`: one exponential instead of
@@ -27,15 +30,25 @@ pub(crate) struct FeedForward<B: Backend> {
     pub(crate) proj_out: Linear<B>,
 }
 
-impl<B: Backend> FeedForward<B> {
+/// Settings of a [`FeedForward`].
+#[derive(Config, Debug)]
+pub(crate) struct FeedForwardConfig {
+    /// Width of the stream.
+    dim: usize,
+}
+
+impl FeedForwardConfig {
     /// An MLP of width `dim` with a `4 * dim` hidden layer.
-    pub(crate) fn new(dim: usize, device: &B::Device) -> Self {
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> FeedForward<B> {
+        let dim = self.dim;
         FeedForward {
             proj_in: LinearConfig::new(dim, 4 * dim).init(device),
             proj_out: LinearConfig::new(4 * dim, dim).init(device),
         }
     }
+}
 
+impl<B: Backend> FeedForward<B> {
     /// `proj_out(gelu_tanh(proj_in(x)))`.
     pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.proj_out.forward(gelu_tanh(self.proj_in.forward(x)))
@@ -69,30 +82,52 @@ pub(crate) struct JointTransformerBlock<B: Backend> {
     pub(crate) ff_context: Option<FeedForward<B>>,
 }
 
-impl<B: Backend> JointTransformerBlock<B> {
-    /// A block of width `dim`; `last` makes it context-pre-only.
-    pub(crate) fn new(
-        dim: usize,
-        heads: usize,
-        qk: bool,
-        dual: bool,
-        last: bool,
-        device: &B::Device,
-    ) -> Self {
+/// Settings of a [`JointTransformerBlock`] (diffusers' constructor arguments).
+#[derive(Config, Debug)]
+pub(crate) struct JointTransformerBlockConfig {
+    /// Width of both streams.
+    dim: usize,
+    /// Attention heads.
+    num_attention_heads: usize,
+    /// Per-head RMSNorm of queries and keys (SD3.5).
+    #[config(default = false)]
+    qk_norm: bool,
+    /// A second, image-only attention (SD3.5 dual-attention blocks).
+    #[config(default = false)]
+    use_dual_attention: bool,
+    /// The last block: the text stream ends after attention.
+    #[config(default = false)]
+    context_pre_only: bool,
+}
+
+impl JointTransformerBlockConfig {
+    /// The block these settings describe.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> JointTransformerBlock<B> {
+        let (dim, heads, last) = (self.dim, self.num_attention_heads, self.context_pre_only);
+        let attention = JointAttentionConfig::new(dim, heads)
+            .with_qk_norm(self.qk_norm)
+            .with_context_pre_only(last);
+        let ff = FeedForwardConfig::new(dim);
         JointTransformerBlock {
-            norm1: AdaLayerNormZero::new(dim, dual, device),
+            norm1: AdaLayerNormZeroConfig::new(dim)
+                .with_dual_attention(self.use_dual_attention)
+                .init(device),
             norm1_context: if last {
-                ContextNorm::Continuous(AdaLayerNormContinuous::new(dim, device))
+                ContextNorm::Continuous(AdaLayerNormContinuousConfig::new(dim).init(device))
             } else {
-                ContextNorm::Zero(AdaLayerNormZero::new(dim, false, device))
+                ContextNorm::Zero(AdaLayerNormZeroConfig::new(dim).init(device))
             },
-            attn: JointAttention::new(dim, heads, qk, last, device),
-            attn2: dual.then(|| SelfAttention::new(dim, heads, qk, device)),
-            ff: FeedForward::new(dim, device),
-            ff_context: (!last).then(|| FeedForward::new(dim, device)),
+            attn: attention.init(device),
+            attn2: self.use_dual_attention.then(|| {
+                SelfAttentionConfig::new(dim, heads).with_qk_norm(self.qk_norm).init(device)
+            }),
+            ff: ff.init(device),
+            ff_context: (!last).then(|| ff.init(device)),
         }
     }
+}
 
+impl<B: Backend> JointTransformerBlock<B> {
     /// Updates image tokens `x [B, N, D]` and text tokens `c [B, L, D]` under `temb [B, D]`;
     /// the last block returns no text tokens.
     ///

@@ -7,7 +7,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::silu;
 
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::model::precision::{float_dtype, to_dtype};
 
 /// Patch embedding (`pos_embed`): a `p x p` stride-`p` convolution plus the stored position table.
@@ -46,18 +46,29 @@ pub(crate) fn sincos_pos_table(dim: usize, max_size: usize, base_size: usize) ->
     table
 }
 
-impl<B: Backend> PatchEmbed<B> {
-    /// A patch embedder for `in_channels` latent channels, width `dim`, an `M x M` table
-    /// initialised as diffusers does ([`sincos_pos_table`] with `base_size` = sample size /
-    /// patch); loading a checkpoint replaces it.
-    pub(crate) fn new(
-        in_channels: usize,
-        dim: usize,
-        patch: usize,
-        max_size: usize,
-        base_size: usize,
-        device: &B::Device,
-    ) -> Self {
+/// Settings of a [`PatchEmbed`].
+#[derive(Config, Debug)]
+pub(crate) struct PatchEmbedConfig {
+    /// Latent channels.
+    in_channels: usize,
+    /// Width of the embedding.
+    dim: usize,
+    /// Side of a patch.
+    patch_size: usize,
+    /// Side `M` of the `M x M` position table.
+    pos_embed_max_size: usize,
+    /// Patches per side of the training resolution (sample size / patch), which scales the
+    /// table's frequencies.
+    base_size: usize,
+}
+
+impl PatchEmbedConfig {
+    /// A patch embedder whose table is initialised as diffusers does ([`sincos_pos_table`]);
+    /// loading a checkpoint replaces it.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> PatchEmbed<B> {
+        let (dim, patch) = (self.dim, self.patch_size);
+        let (in_channels, max_size, base_size) =
+            (self.in_channels, self.pos_embed_max_size, self.base_size);
         // Lazy, like every other parameter: loading a checkpoint never computes it.
         let shape = [1, max_size * max_size, dim];
         let init = move |device: &B::Device, require_grad: bool| {
@@ -84,10 +95,12 @@ impl<B: Backend> PatchEmbed<B> {
             max_size,
         }
     }
+}
 
+impl<B: Backend> PatchEmbed<B> {
     /// The centre crop of the position table for an `h x w` patch grid, as `[1, h*w, D]`:
     /// rows `(M-h)/2 ..`, columns `(M-w)/2 ..` of the table viewed as `[M, M, D]`.
-    pub(crate) fn cropped_pos_embed(&self, h: usize, w: usize) -> Result<Tensor<B, 3>> {
+    pub(crate) fn cropped_pos_embed(&self, h: usize, w: usize) -> crate::Result<Tensor<B, 3>> {
         let m = self.max_size;
         if h > m || w > m {
             return Err(Error::shape(
@@ -106,7 +119,7 @@ impl<B: Backend> PatchEmbed<B> {
     }
 
     /// Embeds a latent `[B, C, H, W]` as tokens `[B, (H/p)*(W/p), D]` in row-major patch order.
-    pub(crate) fn forward(&self, latent: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+    pub(crate) fn forward(&self, latent: Tensor<B, 4>) -> crate::Result<Tensor<B, 3>> {
         let [_, _, height, width] = latent.dims();
         let (h, w) = (height / self.patch_size, width / self.patch_size);
         let pos = self.cropped_pos_embed(h, w)?;
@@ -126,15 +139,26 @@ pub(crate) struct MlpEmbedder<B: Backend> {
     pub(crate) linear_2: Linear<B>,
 }
 
-impl<B: Backend> MlpEmbedder<B> {
-    /// An embedder from `d_in` to `dim` features.
-    pub(crate) fn new(d_in: usize, dim: usize, device: &B::Device) -> Self {
+/// Settings of an [`MlpEmbedder`].
+#[derive(Config, Debug)]
+pub(crate) struct MlpEmbedderConfig {
+    /// Input features.
+    d_input: usize,
+    /// Output width.
+    dim: usize,
+}
+
+impl MlpEmbedderConfig {
+    /// An embedder from `d_input` to `dim` features.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> MlpEmbedder<B> {
         MlpEmbedder {
-            linear_1: LinearConfig::new(d_in, dim).init(device),
-            linear_2: LinearConfig::new(dim, dim).init(device),
+            linear_1: LinearConfig::new(self.d_input, self.dim).init(device),
+            linear_2: LinearConfig::new(self.dim, self.dim).init(device),
         }
     }
+}
 
+impl<B: Backend> MlpEmbedder<B> {
     /// `linear_2(silu(linear_1(x)))`.
     pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.linear_2.forward(silu(self.linear_1.forward(x)))
@@ -166,15 +190,27 @@ pub(crate) struct TimeTextEmbed<B: Backend> {
     pub(crate) text_embedder: MlpEmbedder<B>,
 }
 
-impl<B: Backend> TimeTextEmbed<B> {
-    /// Embedders into width `dim` for a pooled vector of `pooled_dim`.
-    pub(crate) fn new(dim: usize, pooled_dim: usize, device: &B::Device) -> Self {
+/// Settings of a [`TimeTextEmbed`].
+#[derive(Config, Debug)]
+pub(crate) struct TimeTextEmbedConfig {
+    /// Width of the embedding.
+    dim: usize,
+    /// Features of the pooled text vector.
+    pooled_projection_dim: usize,
+}
+
+impl TimeTextEmbedConfig {
+    /// Embedders into width `dim` for a pooled vector of `pooled_projection_dim`.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> TimeTextEmbed<B> {
         TimeTextEmbed {
-            timestep_embedder: MlpEmbedder::new(TIMESTEP_FEATURES, dim, device),
-            text_embedder: MlpEmbedder::new(pooled_dim, dim, device),
+            timestep_embedder: MlpEmbedderConfig::new(TIMESTEP_FEATURES, self.dim).init(device),
+            text_embedder: MlpEmbedderConfig::new(self.pooled_projection_dim, self.dim)
+                .init(device),
         }
     }
+}
 
+impl<B: Backend> TimeTextEmbed<B> {
     /// `temb [B, D]` from timesteps `[B]` (`sigma * 1000`, any float dtype: the features are
     /// computed in it and cast to `pooled`'s, as diffusers casts them to the hidden states') and
     /// pooled text `[B, P]`.

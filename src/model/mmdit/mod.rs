@@ -14,14 +14,14 @@ use burn::module::{ModuleMapper, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
-use block::JointTransformerBlock;
+use block::{JointTransformerBlock, JointTransformerBlockConfig};
 pub use config::MMDiTConfig;
 
 use crate::error::{Error, Result};
 use crate::model::precision::{float_dtype, to_dtype};
 use burn::tensor::FloatDType;
-use embed::{PatchEmbed, TimeTextEmbed};
-use norm::AdaLayerNormContinuous;
+use embed::{PatchEmbed, PatchEmbedConfig, TimeTextEmbed, TimeTextEmbedConfig};
+use norm::{AdaLayerNormContinuous, AdaLayerNormContinuousConfig};
 
 /// The MMDiT denoiser: predicts the flow-matching velocity of a latent.
 #[derive(Module, Debug)]
@@ -52,23 +52,26 @@ impl MMDiTConfig {
         let qk = self.has_qk_norm();
         let depth = self.num_layers;
         Ok(MMDiT {
-            pos_embed: PatchEmbed::new(
+            pos_embed: PatchEmbedConfig::new(
                 self.in_channels,
                 dim,
                 self.patch_size,
                 self.pos_embed_max_size,
                 self.sample_size / self.patch_size,
-                device,
-            ),
-            time_text_embed: TimeTextEmbed::new(dim, self.pooled_projection_dim, device),
+            )
+            .init(device),
+            time_text_embed: TimeTextEmbedConfig::new(dim, self.pooled_projection_dim).init(device),
             context_embedder: LinearConfig::new(self.joint_attention_dim, dim).init(device),
             transformer_blocks: (0..depth)
                 .map(|i| {
-                    let dual = self.dual_attention_layers.contains(&i);
-                    JointTransformerBlock::new(dim, heads, qk, dual, i + 1 == depth, device)
+                    JointTransformerBlockConfig::new(dim, heads)
+                        .with_qk_norm(qk)
+                        .with_use_dual_attention(self.dual_attention_layers.contains(&i))
+                        .with_context_pre_only(i + 1 == depth)
+                        .init(device)
                 })
                 .collect(),
-            norm_out: AdaLayerNormContinuous::new(dim, device),
+            norm_out: AdaLayerNormContinuousConfig::new(dim).init(device),
             proj_out: LinearConfig::new(dim, self.patch_size * self.patch_size * self.out_channels)
                 .init(device),
             config: self.clone(),

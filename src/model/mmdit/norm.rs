@@ -55,15 +55,28 @@ pub(crate) struct AdaLayerNormZero<B: Backend> {
     pub dual: bool,
 }
 
-impl<B: Backend> AdaLayerNormZero<B> {
-    /// A 6-chunk norm, or a 9-chunk one when `dual`.
-    pub(crate) fn new(dim: usize, dual: bool, device: &B::Device) -> Self {
+/// Settings of an [`AdaLayerNormZero`].
+#[derive(Config, Debug)]
+pub(crate) struct AdaLayerNormZeroConfig {
+    /// Width of the stream.
+    dim: usize,
+    /// Three more chunks for the second attention of a dual-attention block.
+    #[config(default = false)]
+    dual_attention: bool,
+}
+
+impl AdaLayerNormZeroConfig {
+    /// A 6-chunk norm, or a 9-chunk one for a dual-attention block.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> AdaLayerNormZero<B> {
+        let chunks = if self.dual_attention { 9 } else { 6 };
         AdaLayerNormZero {
-            linear: LinearConfig::new(dim, if dual { 9 } else { 6 } * dim).init(device),
-            dual,
+            linear: LinearConfig::new(self.dim, chunks * self.dim).init(device),
+            dual: self.dual_attention,
         }
     }
+}
 
+impl<B: Backend> AdaLayerNormZero<B> {
     /// Modulates `x [B, N, D]` by `temb [B, D]`.
     pub(crate) fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> ZeroModulation<B> {
         let chunks = if self.dual { 9 } else { 6 };
@@ -94,12 +107,21 @@ pub(crate) struct AdaLayerNormContinuous<B: Backend> {
     pub(crate) linear: Linear<B>,
 }
 
-impl<B: Backend> AdaLayerNormContinuous<B> {
-    /// A continuous AdaLN of width `dim`.
-    pub(crate) fn new(dim: usize, device: &B::Device) -> Self {
-        AdaLayerNormContinuous { linear: LinearConfig::new(dim, 2 * dim).init(device) }
-    }
+/// Settings of an [`AdaLayerNormContinuous`].
+#[derive(Config, Debug)]
+pub(crate) struct AdaLayerNormContinuousConfig {
+    /// Width of the stream.
+    dim: usize,
+}
 
+impl AdaLayerNormContinuousConfig {
+    /// A continuous AdaLN of width `dim`.
+    pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> AdaLayerNormContinuous<B> {
+        AdaLayerNormContinuous { linear: LinearConfig::new(self.dim, 2 * self.dim).init(device) }
+    }
+}
+
+impl<B: Backend> AdaLayerNormContinuous<B> {
     /// `LN(x) * (1 + scale) + shift` with `[scale, shift] = Linear(SiLU(temb))`.
     pub(crate) fn forward(&self, x: Tensor<B, 3>, temb: Tensor<B, 2>) -> Tensor<B, 3> {
         let [scale, shift] =
