@@ -5,6 +5,10 @@
 //! after, each run's gradient noise scale), and `first-last.png`: the first and last
 //! evaluation grids of each objective's first seed side by side; prints the table.
 
+#[macro_use]
+#[path = "common/console.rs"]
+mod console;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -37,8 +41,7 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+        console::fail(e);
     }
 }
 
@@ -63,7 +66,11 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
     let config = toy::train_config().with_sources(None, &sets)?;
     let out = args.out.join(format!("{objective}-seed{seed}"));
     let start = if args.overwrite { run_dir::Start::Overwrite } else { run_dir::Start::Fresh };
-    run_dir::claim(&out, start)?;
+    // Held for this run (dropped at the end of the function).
+    let claim = run_dir::claim(&out, start)?;
+    if let Some(pid) = claim.took_over_from {
+        say!("{}: took over from process {pid}, which ended without releasing it", out.display());
+    }
     let reward = toy::reward(&args.reward)?;
     let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
     let mut progress = HeldOut { label: format!("{objective} seed {seed}") };
@@ -102,7 +109,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     for (objective, color) in objectives {
         let mut runs = Vec::new();
         for &seed in &args.seeds {
-            println!("{objective}, seed {seed}");
+            say!("{objective}, seed {seed}");
             let r = run_one(objective, seed, &args)?;
             let (first, last) = (r.evals[0].1, r.evals[r.evals.len() - 1].1);
             writeln!(
@@ -139,8 +146,8 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     first_last(&args)?;
     let path = args.out.join("results.md");
     std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
-    println!("\n{table}");
-    println!("chart: {}", args.out.join("compare.png").display());
+    say!("\n{table}");
+    say!("chart: {}", args.out.join("compare.png").display());
     Ok(())
 }
 
@@ -201,7 +208,7 @@ struct HeldOut {
 impl Observer for HeldOut {
     fn epoch(&mut self, m: &EpochMetrics, _: &[EpochMetrics]) -> tpgrpo::Result<()> {
         if let Some(r) = m.eval_reward {
-            println!("  {} epoch {:3}: held-out {r:.4}", self.label, m.epoch);
+            say!("  {} epoch {:3}: held-out {r:.4}", self.label, m.epoch);
         }
         Ok(())
     }

@@ -8,6 +8,10 @@
 //! relation: `toy::ToyChecks`); `--grid` also writes the images. The defaults reproduce
 //! the shipped weights (37 minutes on 2 cores).
 
+#[macro_use]
+#[path = "common/console.rs"]
+mod console;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -52,8 +56,7 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+        console::fail(e);
     }
 }
 
@@ -83,7 +86,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     <Backend as burn::tensor::backend::Backend>::seed(&device, args.seed);
     let mut model: ToyModel<TrainBackend> =
         if args.resume { ToyModel::load(&args.out, &device)? } else { ToyModel::init(&device)? };
-    println!("toy model: {} parameters, backend {}", model.num_params(), backend::NAME);
+    say!("toy model: {} parameters, backend {}", model.num_params(), backend::NAME);
     let train: Vec<Scene> =
         prompts(Split::Train).iter().map(Scene::from_prompt).collect::<tpgrpo::Result<_>>()?;
     let mut rng = SplitMix64(args.seed ^ 0x5eed);
@@ -128,7 +131,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr_at(step, args.steps, args.lr), model, grads);
         if step % 100 == 0 || step + 1 == args.steps {
-            println!(
+            say!(
                 "step {step:5}  loss {running:.4}  lr {:.2e}  {:.0} s",
                 lr_at(step, args.steps, args.lr),
                 start.elapsed().as_secs_f64()
@@ -138,7 +141,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let model = model.valid();
     if args.steps > 0 {
         model.save(&args.out)?;
-        println!("saved {}", args.out.display());
+        say!("saved {}", args.out.display());
     }
 
     // Held-out evaluation: 40-step ODE, CFG 4.5, one image per prompt.
@@ -146,7 +149,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let (images, scores, checks) = evaluate(&model, &eval, &device)?;
     if let Some(path) = &args.grid {
         tpgrpo::image::save_grid(path, &images, 8, 4)?;
-        println!("wrote {}", path.display());
+        say!("wrote {}", path.display());
     }
     let mean = |tag: Option<&str>| {
         let picked: Vec<f64> = eval
@@ -159,10 +162,10 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     };
     let perfect = scores.iter().filter(|&&s| s >= 1.0).count();
     let (all, n) = mean(None);
-    println!("held-out reward {all:.3} over {n} prompts ({perfect} perfect)");
+    say!("held-out reward {all:.3} over {n} prompts ({perfect} perfect)");
     for tag in ["counting", "two_object", "position"] {
         let (m, n) = mean(Some(tag));
-        println!("  {tag:<10} {m:.3} ({n} prompts)");
+        say!("  {tag:<10} {m:.3} ({n} prompts)");
     }
     let rates: Vec<String> = checks
         .iter()
@@ -171,7 +174,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             Some(format!("{check} {:.3}", passed / made.max(1.0)))
         })
         .collect();
-    println!("checks passed: {}", rates.join(", "));
+    say!("checks passed: {}", rates.join(", "));
     Ok(())
 }
 

@@ -84,6 +84,8 @@ fn parse(body: &[u8], json: bool) -> Result<(Vec<Image>, Vec<Prompt>), String> {
         let meta = req["metadata"].as_array().ok_or("no metadata")?.clone();
         return Ok((images, prompts(meta)));
     }
+    // The same bounds as the trainer's client: no recursion or copying without limit.
+    tpgrpo::reward::check_pickle(body)?;
     let req =
         serde_pickle::value_from_slice(body, Default::default()).map_err(|e| e.to_string())?;
     let Pickle::Dict(d) = req else { return Err("not a dict".into()) };

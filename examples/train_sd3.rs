@@ -9,6 +9,10 @@
 //! task's prompts and reward; `--features cuda` selects the GPU backend; `--objective
 //! flow-grpo` the baseline.
 
+#[macro_use]
+#[path = "common/console.rs"]
+mod console;
+
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -66,12 +70,15 @@ struct Args {
     /// backend runs that many replicas on its one device).
     #[arg(long)]
     devices: Option<usize>,
+    /// With `--resume`: continue even though the reward or the prompt set differs from the
+    /// checkpoint's (refused otherwise, as for other changes that break an exact resume).
+    #[arg(long, requires = "resume")]
+    allow_task_change: bool,
 }
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+        console::fail(e);
     }
 }
 
@@ -107,17 +114,21 @@ where
     let console = Console::new(config.epochs, out);
     let (settings, specs, resume, out) =
         (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
+    let allow_task_change = args.allow_task_change;
     parallel::train::<TrainBackend, _, _, _>(
         devices,
         move |replica, device| {
             let reward = rewards(&specs, device)?;
             let mut trainer =
                 trainer(settings.clone(), reward, &out, device)?.with_replica(replica);
+            if allow_task_change {
+                trainer = trainer.allowing_task_change();
+            }
             trainer.check_memory(backend::memory(device))?;
             if resume {
                 trainer.resume()?;
                 if replica.is_lead() {
-                    println!("resumed after epoch {}", trainer.epoch());
+                    say!("resumed after epoch {}", trainer.epoch());
                 }
             }
             Ok(trainer)
@@ -196,8 +207,8 @@ fn terms_line(m: &EpochMetrics) -> String {
 
 fn print_epoch(m: &EpochMetrics) {
     match (m.epoch, m.eval_reward) {
-        (0, Some(r)) => println!("before training: held-out reward {r:.4}{}", report_line(m)),
-        (_, eval) => println!(
+        (0, Some(r)) => say!("before training: held-out reward {r:.4}{}", report_line(m)),
+        (_, eval) => say!(
             "epoch {:3}  reward {:.4} ± {:.4}  turning points {:3} (+{} / -{})  ratio {:.5}  \
              clip {:.2}/{:.2}  kl {:.2e}  nfe {:.0}  {:.1} s{}{}",
             m.epoch,
@@ -240,8 +251,9 @@ fn run(args: Args) -> tpgrpo::Result<()> {
     let config = toy::train_config().with_sources(args.config.as_deref(), &sets)?;
     let objective = config.objective.objective.name();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/toy-{objective}")));
-    run_dir::claim(&out, start(&args))?;
-    println!(
+    let claim = run_dir::claim(&out, start(&args))?;
+    say_takeover(&claim, &out);
+    say!(
         "tpgrpo train_sd3: embedded toy task, {} with {} on {} ({}) x {}, {} epochs of {} \
          prompts x {}, output {}",
         objective,
@@ -258,7 +270,18 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         toy::trainer::<TrainBackend>(settings, reward, out, device)
     })?;
     report(&history, &config, &out);
+    drop(claim);
     Ok(())
+}
+
+/// Says so when the output folder's lock was taken over from a run that was killed.
+fn say_takeover(claim: &run_dir::Claim, out: &std::path::Path) {
+    if let Some(pid) = claim.took_over_from {
+        say!(
+            "{}: took over from process {pid}, which ended without releasing the folder",
+            out.display()
+        );
+    }
 }
 
 /// Prints the held-out reward at the first and last evaluation and the gradient noise scale
@@ -268,21 +291,21 @@ fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path)
     if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
         let (a, b) = (first.eval_reward.unwrap_or(0.0), last.eval_reward.unwrap_or(0.0));
         let (e0, e1) = (first.epoch, last.epoch);
-        println!("held-out reward: {a:.4} at epoch {e0} -> {b:.4} at epoch {e1} ({:+.4})", b - a);
+        say!("held-out reward: {a:.4} at epoch {e0} -> {b:.4} at epoch {e1} ({:+.4})", b - a);
         for (name, before) in &first.eval_report {
             let after = last.eval_report.get(name).copied().unwrap_or(f64::NAN);
-            println!("  {name:<15} {before:.4} -> {after:.4} ({:+.4})", after - before);
+            say!("  {name:<15} {before:.4} -> {after:.4} ({:+.4})", after - before);
         }
     }
     let n = config.prompts_per_epoch * config.group_size / config.optimizer_steps_per_epoch;
     match noise_scale(history) {
-        Some(b) => println!("gradient noise scale: {b:.0} samples per update (this run: {n})"),
-        None => println!(
+        Some(b) => say!("gradient noise scale: {b:.0} samples per update (this run: {n})"),
+        None => say!(
             "gradient noise scale: not resolved (at {n} samples per update the gradient noise \
              hides the signal, or no update had two micro-batches)"
         ),
     }
-    println!("metrics: {}", out.join("metrics.jsonl").display());
+    say!("metrics: {}", out.join("metrics.jsonl").display());
 }
 
 /// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 folder with the reference settings
@@ -298,7 +321,8 @@ fn train_diffusers(
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
     });
-    run_dir::claim(&out, start(args))?;
+    let claim = run_dir::claim(&out, start(args))?;
+    say_takeover(&claim, &out);
     // Prompts first, and each replica loads its rewards before the transformer: a wrong path
     // fails before the transformer is read.
     let (train_prompts, eval_prompts, checks) = match &args.prompts {
@@ -308,7 +332,7 @@ fn train_diffusers(
         }
         None => (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), true),
     };
-    println!(
+    say!(
         "tpgrpo train_sd3: {} with {} and {} on {} ({}) x {}, {} epochs of {} prompts x {} at \
          {}px, {} training prompts ({}), output {}",
         dir.display(),
@@ -341,5 +365,6 @@ fn train_diffusers(
         Trainer::new(settings, transformer, task, out)
     })?;
     report(&history, &config, &out);
+    drop(claim);
     Ok(())
 }

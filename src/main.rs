@@ -1,6 +1,7 @@
 //! The `tpgrpo` command line.
 
-use std::fmt::Write;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -11,6 +12,29 @@ use tpgrpo::model::{cast_params, Precision};
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::reward::{load_rewards, score_terms};
 use tpgrpo::Error;
+
+/// `println!` for results: a closed stdout (`tpgrpo credit ... | head`) ends the program quietly
+/// with status 141, as a Unix tool ends on SIGPIPE; any other output failure is an error.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        emit(format_args!($($arg)*))
+    };
+}
+
+/// Writes one line to stdout (see [`out!`]).
+fn emit(args: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    let written =
+        stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
 
 /// tpgrpo: TP-GRPO fine-tuning tools.
 #[derive(Parser, Debug)]
@@ -125,7 +149,7 @@ fn main() {
         Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
     };
     if let Err(e) = result {
-        eprintln!("error: {e}");
+        let _ = writeln!(std::io::stderr(), "error: {e}");
         std::process::exit(1);
     }
 }
@@ -138,9 +162,9 @@ fn credit(path: &PathBuf, json: bool) -> tpgrpo::Result<()> {
     })?;
     let report = inspect(&input)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
+        out!("{}", serde_json::to_string_pretty(&report).expect("report serialises"));
     } else {
-        print!("{}", render_table(&report));
+        out!("{}", render_table(&report).trim_end());
     }
     Ok(())
 }
@@ -200,7 +224,7 @@ fn sample(
     pipe.transformer = cast_params(pipe.transformer, dtype);
     let images = pipe.generate(&[prompt], &[seed], config)?;
     tpgrpo::image::save_png(out, &images[0])?;
-    println!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
+    out!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
     Ok(())
 }
 
@@ -237,7 +261,7 @@ fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> t
         }));
     }
     let out = serde_json::json!({ "reward": rewards, "scores": rows });
-    println!("{}", serde_json::to_string_pretty(&out).expect("scores serialise"));
+    out!("{}", serde_json::to_string_pretty(&out).expect("scores serialise"));
     Ok(())
 }
 
@@ -248,19 +272,19 @@ fn doctor(stall_secs: u64, epoch: bool) -> tpgrpo::Result<()> {
         None => "none (the CPU backend compiles nothing)".to_string(),
     };
     let device = backend::device();
-    println!("tpgrpo doctor: backend {}, kernel and autotune cache {cache}", backend::NAME);
+    out!("tpgrpo doctor: backend {}, kernel and autotune cache {cache}", backend::NAME);
     let stages = tpgrpo::doctor::run::<TrainBackend>(&config, &device, &print_stage)?;
     let total: f64 = stages.iter().map(|s| s.seconds).sum();
-    println!("all {} stages passed in {total:.1} s", stages.len());
+    out!("all {} stages passed in {total:.1} s", stages.len());
     Ok(())
 }
 
 /// One line per doctor event, flushed at once (a hang shows where it is).
 fn print_stage(event: Event<'_>) {
     match event {
-        Event::Passed(s) => println!("{:<32}{:9.3} s  {}", s.name, s.seconds, s.detail),
-        Event::Failed { stage, seconds } => println!("{stage:<32}{seconds:9.3} s  FAILED"),
-        Event::Running { stage, seconds } => println!("  ... still in '{stage}' after {seconds} s"),
+        Event::Passed(s) => out!("{:<32}{:9.3} s  {}", s.name, s.seconds, s.detail),
+        Event::Failed { stage, seconds } => out!("{stage:<32}{seconds:9.3} s  FAILED"),
+        Event::Running { stage, seconds } => out!("  ... still in '{stage}' after {seconds} s"),
     }
     let _ = std::io::Write::flush(&mut std::io::stdout());
 }

@@ -53,18 +53,58 @@ impl PromptSet {
     }
 }
 
-/// Reads a prompt file: `*.jsonl` as metadata lines, anything else as one prompt a line. A
-/// trailing newline is allowed; blank lines, invalid JSON, a missing or empty `"prompt"` are
-/// errors naming the file and line; an empty file is an error.
+/// The longest prompt line read, in bytes: far more than the text encoders keep (77 CLIP
+/// tokens, at most 512 T5 tokens: a few kilobytes of text), far less than would cost memory
+/// to tokenize (a 10 MB line used to take 3.4 GB).
+pub const MAX_PROMPT_BYTES: usize = 16 << 10;
+
+/// The largest prompt file read (GenEval's metadata files are a few hundred kilobytes).
+const MAX_PROMPT_FILE_BYTES: u64 = 256 << 20;
+
+/// The lines of `text`, each ended by LF, CRLF or a lone CR (old Mac files); a final line
+/// end is optional.
+fn lines(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(['\n', '\r']).unwrap_or(rest.len());
+        out.push(&rest[..end]);
+        let skip = match &rest.as_bytes()[end..] {
+            [b'\r', b'\n', ..] => 2,
+            [] => 0,
+            _ => 1,
+        };
+        rest = &rest[end + skip..];
+    }
+    out
+}
+
+/// Reads a prompt file: `*.jsonl` as metadata lines, anything else as one prompt a line (LF,
+/// CRLF or CR line ends). A trailing line end is allowed; blank lines, lines longer than
+/// [`MAX_PROMPT_BYTES`], invalid JSON, a missing or empty `"prompt"` are errors naming the
+/// file and line; an empty file, or one larger than 256 MiB, is an error.
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PROMPT_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > MAX_PROMPT_FILE_BYTES {
+        return Err(Error::format(path, "is larger than 256 MiB (not a prompt file?)"));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| Error::format(path, format!("is not UTF-8 text ({e})")))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
     let at = |n: usize, msg: String| Error::format(line_path(path, n), msg);
     let mut prompts = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    for (i, line) in lines(text).into_iter().enumerate() {
         let n = i + 1;
-        let line = line.trim_end_matches('\r');
+        if line.len() > MAX_PROMPT_BYTES {
+            return Err(at(
+                n,
+                format!("a line of {} bytes (at most {MAX_PROMPT_BYTES})", line.len()),
+            ));
+        }
         if line.trim().is_empty() {
             return Err(at(n, "blank line (one prompt a line)".into()));
         }
@@ -156,5 +196,29 @@ mod tests {
         assert!(PromptSet::load(&dir).unwrap_err().to_string().contains("keep one"));
         let dir = folder("none", &[("train.txt", "a\n")]);
         assert!(PromptSet::load(&dir).unwrap_err().to_string().contains("neither test.txt"));
+    }
+
+    /// LF, CRLF and lone CR all end lines (a CR-only file used to read as one prompt); a final
+    /// line end is optional.
+    #[test]
+    fn every_line_end_convention_splits_lines() {
+        assert_eq!(lines("a\nb\r\nc\rd"), ["a", "b", "c", "d"]);
+        assert_eq!(lines("a\r\n"), ["a"]);
+        assert_eq!(lines("a\r\rb"), ["a", "", "b"]);
+        assert!(lines("").is_empty());
+        let dir = folder("cr", &[("p.txt", "a cat\ra dog\r")]);
+        let got: Vec<String> =
+            read_prompts(&dir.join("p.txt")).unwrap().into_iter().map(|p| p.text).collect();
+        assert_eq!(got, ["a cat", "a dog"]);
+    }
+
+    /// A line longer than the limit is refused at its `file:line` before anything else is
+    /// done with it.
+    #[test]
+    fn overlong_lines_are_refused_naming_the_line() {
+        let long = format!("a cat\n{}\n", "x".repeat(MAX_PROMPT_BYTES + 1));
+        let dir = folder("long", &[("p.txt", &long)]);
+        let e = read_prompts(&dir.join("p.txt")).unwrap_err().to_string();
+        assert!(e.contains("p.txt:2: a line of 16385 bytes"), "{e}");
     }
 }

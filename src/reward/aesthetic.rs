@@ -94,6 +94,7 @@ impl<B: Backend> AestheticMlp<B> {
 /// The aesthetic reward: `mlp(normalise(clip_image_features(image)))`; the prompt is unused.
 #[derive(Debug)]
 pub struct Aesthetic<B: Backend> {
+    mlp_path: std::path::PathBuf,
     clip: ClipModel<B>,
     mlp: AestheticMlp<B>,
     device: B::Device,
@@ -117,13 +118,18 @@ impl<B: Backend> Aesthetic<B> {
                 ),
             ));
         }
-        Ok(Aesthetic { clip, mlp, device: device.clone() })
+        Ok(Aesthetic { mlp_path: mlp_path.to_path_buf(), clip, mlp, device: device.clone() })
     }
 }
 
 impl<B: Backend> Reward for Aesthetic<B> {
     fn name(&self) -> &str {
         "aesthetic"
+    }
+
+    /// The MLP file and the `CLIPModel` folder.
+    fn identity(&self) -> String {
+        format!("aesthetic={}:{}", self.mlp_path.display(), self.clip.folder.display())
     }
 
     fn score(&self, images: &[Image], _prompts: &[Prompt]) -> Result<Vec<f64>> {

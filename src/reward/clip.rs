@@ -55,6 +55,11 @@ impl<B: Backend> Reward for ClipSimilarity<B> {
         self.name
     }
 
+    /// The kind and the `CLIPModel` folder.
+    fn identity(&self) -> String {
+        format!("{}={}", self.name, self.clip.folder.display())
+    }
+
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>> {
         let scale = self.clip.logit_scale.exp() / self.divisor;
         let mut scores = Vec::with_capacity(images.len());

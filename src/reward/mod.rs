@@ -2,11 +2,13 @@
 
 pub(crate) mod aesthetic;
 pub(crate) mod clip;
+pub(crate) mod pickle;
 pub(crate) mod server;
 pub(crate) mod spec;
 
 pub use aesthetic::Aesthetic;
 pub use clip::{ClipSimilarity, CLIPSCORE_DIVISOR, PICKSCORE_DIVISOR};
+pub use pickle::{check_pickle, MAX_PICKLE_DEPTH, MAX_PICKLE_VALUES};
 pub use server::{Protocol, RewardServer, ServerConfig};
 pub use spec::{load_rewards, RewardSpec};
 
@@ -20,6 +22,13 @@ use crate::finite::no_overflow;
 pub trait Reward {
     /// A short name for logs and metrics.
     fn name(&self) -> &str;
+
+    /// What identifies this reward's scores (kind, model source, weights), recorded in
+    /// checkpoints: resuming a run with a reward of another identity is refused. The default
+    /// is [`Reward::name`].
+    fn identity(&self) -> String {
+        self.name().to_string()
+    }
 
     /// Scores `images[i]` against `prompts[i]`.
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>>;
@@ -107,6 +116,13 @@ pub struct WeightedSum {
 impl Reward for WeightedSum {
     fn name(&self) -> &str {
         "weighted_sum"
+    }
+
+    /// `w1 x identity1 + w2 x identity2 ...`.
+    fn identity(&self) -> String {
+        let terms: Vec<String> =
+            self.terms.iter().map(|(w, r)| format!("{w} x {}", r.identity())).collect();
+        terms.join(" + ")
     }
 
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>> {

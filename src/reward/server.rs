@@ -118,6 +118,7 @@ impl RewardServer {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs_f64(config.timeout_secs)))
             .http_status_as_error(false)
+            .max_redirects(0)
             .build()
             .into();
         let name = match protocol {
@@ -177,6 +178,7 @@ impl RewardServer {
         let malformed = |what: String| self.fail(format!("malformed reply: {what}"));
         let numbers: Vec<Option<f64>> = match self.protocol {
             Protocol::Pickle => {
+                super::pickle::check_pickle(body).map_err(malformed)?;
                 let reply = serde_pickle::value_from_slice(body, Default::default())
                     .map_err(|e| malformed(format!("not a pickle of plain Python values ({e})")))?;
                 let Pickle::Dict(dict) = reply else {
@@ -234,6 +236,15 @@ impl RewardServer {
                             return Err(self.fail(format!("cannot read the reply: {e}")))
                         }
                         (500..=599, _) => format!("HTTP {status}"),
+                        (300..=399, _) => {
+                            let to = reply.headers().get("location");
+                            let to = to.and_then(|l| l.to_str().ok()).unwrap_or("nowhere");
+                            let to: String = to.chars().take(200).collect();
+                            return Err(self.fail(format!(
+                                "HTTP {status}, redirected to {to:?}: redirects are not \
+                                 followed (give the final URL)"
+                            )));
+                        }
                         (_, _) => return Err(self.fail(format!("HTTP {status}"))),
                     }
                 }
@@ -263,6 +274,11 @@ impl RewardServer {
 impl Reward for RewardServer {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The protocol and the URL.
+    fn identity(&self) -> String {
+        format!("{}={:?}:{}", self.name, self.protocol, self.url)
     }
 
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> crate::Result<Vec<f64>> {

@@ -41,6 +41,14 @@ pub struct RunRecord {
     pub transformer: serde_json::Value,
     /// `[C, H, W]` of the latents.
     pub latent_shape: Vec<usize>,
+    /// The reward's [`Reward::identity`](crate::reward::Reward::identity) (absent in
+    /// checkpoints of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<String>,
+    /// SHA-256 of the training and held-out prompts, text and metadata (absent in checkpoints
+    /// of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<String>,
 }
 
 impl std::fmt::Display for RunRecord {

@@ -65,6 +65,22 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     out_dir: PathBuf,
     /// This trainer's replica of a data-parallel run ([`Replica::SINGLE`] by default).
     replica: Replica,
+    /// Whether [`Trainer::resume`] accepts another reward or prompt set than the checkpoint's.
+    allow_task_change: bool,
+}
+
+/// SHA-256 (hex) of the prompts, each as its JSON (text and metadata), training then held-out.
+fn prompts_digest(train: &[Prompt], eval: &[Prompt]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for (split, prompts) in [("train", train), ("eval", eval)] {
+        hash.update(split.as_bytes());
+        for p in prompts {
+            hash.update(serde_json::to_vec(p).expect("prompts serialise"));
+            hash.update(b"\n");
+        }
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every replica's micro-batches of an optimizer step as `(rows, |micro-batch mean gradient|^2)`.
@@ -117,6 +133,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             epoch: 0,
             out_dir: out_dir.as_ref().to_path_buf(),
             replica: Replica::SINGLE,
+            allow_task_change: false,
         })
     }
 
@@ -148,6 +165,14 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// The output folder (metrics, images, checkpoints).
     pub fn out_dir(&self) -> &Path {
         &self.out_dir
+    }
+
+    /// This trainer, resuming (see [`Trainer::resume`]) even when the checkpoint was trained
+    /// with another reward or prompt set: the user's explicit choice, as the command line's
+    /// `--allow-task-change`.
+    pub fn allowing_task_change(mut self) -> Self {
+        self.allow_task_change = true;
+        self
     }
 
     /// This trainer as replica `replica` of a data-parallel run (see [`super::parallel`]).
@@ -385,6 +410,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         RunRecord {
             transformer: serde_json::to_value(&self.model.config).expect("config serialises"),
             latent_shape: self.task.pipeline.latent_shape().to_vec(),
+            reward: Some(self.task.reward.identity()),
+            prompts: Some(prompts_digest(&self.task.train_prompts, &self.task.eval_prompts)),
         }
     }
 
@@ -407,12 +434,25 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             checkpoint::load::<B::InnerBackend>(&dir, &self.model.devices()[0])?;
         let mut problems = self.config.resume_conflicts(&state.config);
         let run = self.run_record();
-        if state.run.as_ref().is_some_and(|saved| *saved != run) {
-            problems.push(format!(
-                "was trained on another model or resolution ({}), not this one ({})",
-                state.run.as_ref().map(|r| r.to_string()).unwrap_or_default(),
-                run
-            ));
+        if let Some(saved) = &state.run {
+            if (&saved.transformer, &saved.latent_shape) != (&run.transformer, &run.latent_shape) {
+                problems.push(format!(
+                    "was trained on another model or resolution ({saved}), not this one ({run})"
+                ));
+            }
+            let task_changes =
+                [("reward", &saved.reward, &run.reward), ("prompts", &saved.prompts, &run.prompts)];
+            for (what, before, now) in task_changes {
+                let changed = before.as_ref().is_some_and(|b| Some(b) != now.as_ref());
+                if changed && !self.allow_task_change {
+                    problems.push(format!(
+                        "{what} was {}, now {} (allow it with `--allow-task-change`, \
+                         `Trainer::allowing_task_change`)",
+                        before.as_deref().unwrap_or_default(),
+                        now.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
         }
         if !problems.is_empty() {
             problems.push(format!(
@@ -458,8 +498,10 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let start = if self.epoch > 0 { run_dir::Start::Resume } else { run_dir::Start::Fresh };
         let metrics_path = self.out_dir.join("metrics.jsonl");
         let mut history = Vec::new();
+        // The lead holds the output folder for the whole run (shared with a claim the program
+        // already holds).
+        let _claim = lead.then(|| run_dir::claim(&self.out_dir, start)).transpose()?;
         if lead {
-            run_dir::claim(&self.out_dir, start)?;
             history = read_metrics(&metrics_path)?;
         }
         if lead && self.epoch == 0 && cfg.eval_every > 0 {

@@ -578,3 +578,139 @@ fn leaves(value: &serde_json::Value, prefix: &str) -> Vec<String> {
         _ => vec![prefix.to_string()],
     }
 }
+
+/// Two trainers on one output folder (issue 39, item 1), as two processes: while a run holds
+/// the folder a second one, even with `--overwrite`, is refused naming the folder and the
+/// first run's PID, and leaves the lock with it; once the first is killed (its PID still in
+/// the lock file) the next run takes the folder over, says so, and leaves no PID when it ends.
+#[test]
+fn a_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let out = common::scratch("rel-lock");
+    let tiny = [
+        "prompts_per_epoch=2",
+        "group_size=2",
+        "rollout_batch=4",
+        "train_batch=4",
+        "rollout.num_steps=3",
+        "rollout.window_size=1",
+        "eval_every=0",
+        "save_every=1",
+    ];
+    let run = |epochs: &str| {
+        let mut cmd = Command::new(common::example_binary("train_sd3"));
+        cmd.arg("--out").arg(&out).arg("--overwrite");
+        for s in tiny.iter().chain([&epochs]) {
+            cmd.args(["--set", s]);
+        }
+        cmd
+    };
+    let mut first =
+        run("epochs=100000").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let pid = first.id().to_string();
+    let lock = out.join(".tpgrpo.lock");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(&lock).unwrap_or_default() != pid {
+        assert!(Instant::now() < deadline, "the first run did not take the lock in 2 minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = run("epochs=1").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "the second run was not refused: {err}");
+    assert!(
+        err.contains(&out.display().to_string()) && err.contains(&format!("process {pid}")),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), pid, "the first run keeps the folder");
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let o = run("epochs=1").output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains(&format!("took over from process {pid}")), "{stdout}");
+    assert!(out.join("checkpoints/epoch-00001/trainer_state.json").is_file());
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), "", "a finished run leaves no PID");
+}
+
+/// A closed stdout never stops training (issue 39, item 5): `train_sd3` with its stdout
+/// closed from the start (as `| head -0` would) finishes its run, checkpoint included, with
+/// one warning on stderr and no panic; `tpgrpo credit` on a closed stdout ends quietly with
+/// status 141, as a Unix tool ends on SIGPIPE.
+#[test]
+fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
+    use std::process::{Command, Stdio};
+    let out = common::scratch("rel-epipe");
+    let mut cmd = Command::new(common::example_binary("train_sd3"));
+    cmd.arg("--out").arg(&out);
+    for s in [
+        "epochs=1",
+        "prompts_per_epoch=2",
+        "group_size=2",
+        "rollout_batch=4",
+        "train_batch=4",
+        "rollout.num_steps=3",
+        "rollout.window_size=1",
+        "eval_every=0",
+        "save_every=1",
+    ] {
+        cmd.args(["--set", s]);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.matches("standard output failed").count(), 1, "{err}");
+    assert!(out.join("checkpoints/epoch-00001/trainer_state.json").is_file());
+
+    let input = out.join("credit.json");
+    std::fs::write(&input, r#"{"batch": [[0.5, 0.4, 0.6]], "prompt_ids": [0]}"#).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+        .args(["credit", "--input"])
+        .arg(&input)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{err}");
+    assert!(err.is_empty(), "{err}");
+}
+
+/// Resuming with another reward or prompt set (issue 39, item 7) is refused naming it, as
+/// every other change that breaks an exact resume is, unless the user allows it; the same
+/// reward and prompts resume.
+#[test]
+fn resume_refuses_another_reward_or_prompt_set_unless_allowed() {
+    let out = common::scratch("rel-task-change");
+    trainer(config(&[]), &out).train(&mut Silent).unwrap();
+    let again = |reward: &str, train_prompts: Vec<tpgrpo::prompts::Prompt>| {
+        let device = Default::default();
+        let model = tpgrpo::toy::ToyModel::<TrainBackend>::load(toy::default_dir(), &device);
+        let model = model.unwrap();
+        let task = tpgrpo::train::Task {
+            pipeline: ToyPipeline {
+                text_encoder: burn::module::AutodiffModule::valid(&model.text_encoder),
+            },
+            reward: toy::reward(reward).unwrap(),
+            train_prompts,
+            eval_prompts: toy::prompts(toy::Split::Eval),
+            report: None,
+        };
+        Trainer::new(config(&["epochs=2"]), model.transformer, task, &out).unwrap()
+    };
+    let prompts = toy::prompts(toy::Split::Train);
+    let e = again("toy-geneval", prompts.clone()).resume().unwrap_err().to_string();
+    assert!(e.contains("reward was toy_alignment, now toy_geneval"), "{e}");
+    let fewer = prompts[1..].to_vec();
+    let e = again("toy-alignment", fewer.clone()).resume().unwrap_err().to_string();
+    assert!(e.contains("prompts was ") && e.contains("--allow-task-change"), "{e}");
+    again("toy-alignment", fewer).allowing_task_change().resume().expect("allowed");
+    let mut t = again("toy-alignment", prompts);
+    t.resume().expect("the same task resumes");
+    assert_eq!(t.epoch(), 1);
+}

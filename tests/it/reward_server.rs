@@ -120,3 +120,59 @@ fn every_fault_is_an_error_naming_the_url() {
     let err = RewardServer::new("https://x", Protocol::Json, quick()).unwrap_err().to_string();
     assert!(err.contains("must start with http://"), "{err}");
 }
+
+/// A server whose every reply is `status`, `headers` and `body` (tiny_http, on loopback).
+fn replying(status: u16, headers: &[(&str, &str)], body: Vec<u8>) -> String {
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", server.server_addr());
+    let headers: Vec<tiny_http::Header> =
+        headers.iter().map(|(k, v)| tiny_http::Header::from_bytes(*k, *v).unwrap()).collect();
+    std::thread::spawn(move || {
+        for request in server.incoming_requests() {
+            let mut reply = tiny_http::Response::from_data(body.clone()).with_status_code(status);
+            for h in &headers {
+                reply.add_header(h.clone());
+            }
+            let _ = request.respond(reply);
+        }
+    });
+    url
+}
+
+/// Replies are untrusted (issue 39, item 3): a redirect is an error naming both URLs (it used
+/// to be followed as a GET, without the images, and the other host's scores accepted); a
+/// pickle nested 5000 deep (which overflowed the unpickler's stack, aborting the trainer) and
+/// a 200-byte pickle that unpickles into 10^8 values are refused as malformed replies.
+#[test]
+fn redirects_and_hostile_pickles_are_refused_naming_the_url() {
+    let (images, prompts) = batch();
+    let url = replying(302, &[("Location", "http://elsewhere.example/scores")], vec![]);
+    let client = RewardServer::new(&url, Protocol::Pickle, quick()).unwrap();
+    let err = client.score(&images, &prompts).unwrap_err().to_string();
+    assert!(
+        err.contains(&url) && err.contains("HTTP 302") && err.contains("elsewhere.example"),
+        "{err}"
+    );
+    let mut deep = b"\x80\x02".to_vec();
+    deep.extend(std::iter::repeat_n(b']', 5000));
+    deep.extend(std::iter::repeat_n(b'a', 4999));
+    deep.push(b'.');
+    let mut laughs = b"\x80\x02](".to_vec();
+    laughs.extend(std::iter::repeat_n(*b"K\x01", 10).flatten());
+    laughs.extend(b"eq\x00");
+    for level in 1..8u8 {
+        laughs.extend(b"](");
+        laughs.extend((0..10).flat_map(|_| [b'h', level - 1]));
+        laughs.extend([b'e', b'q', level]);
+    }
+    laughs.push(b'.');
+    for (body, want) in [(deep, "nested more than"), (laughs, "once references are copied")] {
+        let url = replying(200, &[], body);
+        let client = RewardServer::new(&url, Protocol::Pickle, quick()).unwrap();
+        let err = client.score(&images, &prompts).unwrap_err().to_string();
+        assert!(
+            err.contains(&url) && err.contains("malformed reply") && err.contains(want),
+            "{err}"
+        );
+    }
+}

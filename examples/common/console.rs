@@ -1,0 +1,39 @@
+//! Console output of the training programs: a closed or failing stdout (`| head`, a full log
+//! disk) never stops a run. Included by the examples with `#[path]`.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once stdout has failed: later lines are dropped.
+static LOST: AtomicBool = AtomicBool::new(false);
+
+/// Writes one line to stdout; after the first failure says so once on stderr (if that still
+/// works) and drops every later line.
+pub fn line(args: std::fmt::Arguments<'_>) {
+    if LOST.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let written =
+        out.write_fmt(args).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush());
+    if let Err(e) = written {
+        LOST.store(true, Ordering::Relaxed);
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: standard output failed ({e}); the run goes on without printing"
+        );
+    }
+}
+
+/// Reports `error` on stderr (if it still works) and exits with status 1.
+pub fn fail(error: impl std::fmt::Display) -> ! {
+    let _ = writeln!(std::io::stderr(), "error: {error}");
+    std::process::exit(1)
+}
+
+/// `println!` for a run: see [`line`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::console::line(format_args!($($arg)*))
+    };
+}
