@@ -36,8 +36,14 @@ struct Args {
     fail_first: usize,
 }
 
-fn decode(bytes: &[u8]) -> Result<Image, String> {
-    Image::decode(bytes).map_err(|e| e.to_string())
+/// Decodes one image of a request (its declared size checked first), counting its pixels
+/// against `budget`: all of a request's images together may hold as many pixels as one image
+/// may (`tpgrpo::image::max_image_pixels`), so a request never decodes without bound.
+fn decode(bytes: &[u8], budget: &mut u64) -> Result<Image, String> {
+    let image = Image::decode(bytes).map_err(|e| e.to_string())?;
+    let pixels = (image.width * image.height) as u64;
+    *budget = budget.checked_sub(pixels).ok_or("the request's images hold too many pixels")?;
+    Ok(image)
 }
 
 fn pickle_to_json(v: &Pickle) -> Json {
@@ -70,6 +76,7 @@ fn prompts(metadata: Vec<Json>) -> Vec<Prompt> {
 
 /// The images and prompts of a request body.
 fn parse(body: &[u8], json: bool) -> Result<(Vec<Image>, Vec<Prompt>), String> {
+    let mut budget = tpgrpo::image::max_image_pixels();
     if json {
         let req: Json = serde_json::from_slice(body).map_err(|e| e.to_string())?;
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -78,7 +85,9 @@ fn parse(body: &[u8], json: bool) -> Result<(Vec<Image>, Vec<Prompt>), String> {
             .ok_or("no images")?
             .iter()
             .map(|s| {
-                decode(&b64.decode(s.as_str().unwrap_or_default()).map_err(|e| e.to_string())?)
+                let bytes =
+                    b64.decode(s.as_str().unwrap_or_default()).map_err(|e| e.to_string())?;
+                decode(&bytes, &mut budget)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let meta = req["metadata"].as_array().ok_or("no metadata")?.clone();
@@ -95,7 +104,7 @@ fn parse(body: &[u8], json: bool) -> Result<(Vec<Image>, Vec<Prompt>), String> {
     let images = jpegs
         .iter()
         .map(|j| match j {
-            Pickle::Bytes(b) => decode(b),
+            Pickle::Bytes(b) => decode(b, &mut budget),
             _ => Err("an image is not bytes".into()),
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -325,11 +325,9 @@ fn train_diffusers(
     say_takeover(&claim, &out);
     // Prompts first, and each replica loads its rewards before the transformer: a wrong path
     // fails before the transformer is read.
-    let (train_prompts, eval_prompts, checks) = match &args.prompts {
-        Some(p) => {
-            let set = PromptSet::load(p)?;
-            (set.train, set.test, false)
-        }
+    let set = args.prompts.as_ref().map(PromptSet::load).transpose()?;
+    let (train_prompts, eval_prompts, checks) = match &set {
+        Some(set) => (set.train.clone(), set.test.clone(), false),
         None => (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), true),
     };
     say!(
@@ -351,6 +349,11 @@ fn train_diffusers(
     );
     let (model, side) = (dir.to_path_buf(), args.resolution);
     let history = train_replicas(&config, args, &out, move |settings, reward, out, device| {
+        // What the reward reads of each prompt, checked at its file:line before the
+        // transformer loads.
+        if let Some(set) = &set {
+            set.check(&|p| reward.check_prompt(p))?;
+        }
         let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
         let config = &transformer.config;
         let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ::image::{Rgb, RgbImage};
+use ::image::{ImageReader, Rgb, RgbImage};
 use burn::prelude::*;
 
 use crate::error::{Error, Result};
@@ -74,12 +74,19 @@ impl Image {
     }
 
     /// Decodes an encoded image (PNG, JPEG) as RGB; other colour types are converted (alpha
-    /// dropped) as PIL's `convert("RGB")` does.
+    /// dropped) as PIL's `convert("RGB")` does. The size its header declares is checked
+    /// against [`max_image_pixels`] before anything of that size is allocated.
     pub fn decode(bytes: &[u8]) -> Result<Image> {
-        let decoded = ::image::load_from_memory(bytes).map_err(|e| Error::Image {
-            what: "image".into(),
-            message: format!("cannot decode: {e}"),
-        })?;
+        let fail = |message: String| Error::Image { what: "image".into(), message };
+        let reader = || {
+            ImageReader::new(std::io::Cursor::new(bytes))
+                .with_guessed_format()
+                .map_err(|e| fail(format!("cannot read: {e}")))
+        };
+        let (width, height) =
+            reader()?.into_dimensions().map_err(|e| fail(format!("cannot decode: {e}")))?;
+        check_pixels(width, height).map_err(fail)?;
+        let decoded = reader()?.decode().map_err(|e| fail(format!("cannot decode: {e}")))?;
         Ok(Image::from_rgb8(decoded.to_rgb8()))
     }
 
@@ -95,10 +102,52 @@ impl Image {
     }
 }
 
-/// Reads an image file (PNG) as RGB (see [`Image::decode`]).
+/// Bytes a decoded pixel may take on its way to an [`Image`]: the decoder's buffer (up to 8,
+/// 16-bit RGBA), the 8-bit RGB copy (3) and the f32 RGB values (12).
+const BYTES_PER_DECODED_PIXEL: u64 = 8 + 3 + 12;
+
+/// The most pixels an image read from a file or a reward request may have: 64 Mpx (8192 x
+/// 8192, 1.5 GiB on its way to an [`Image`]), or what a quarter of the machine's memory
+/// holds when that is less.
+pub fn max_image_pixels() -> u64 {
+    const MAX_PIXELS: u64 = 1 << 26;
+    let fits = crate::limits::host_memory().map(|m| m / 4 / BYTES_PER_DECODED_PIXEL);
+    fits.map_or(MAX_PIXELS, |f| f.min(MAX_PIXELS))
+}
+
+/// An error message when `width x height` pixels exceed [`max_image_pixels`].
+fn check_pixels(width: u32, height: u32) -> std::result::Result<(), String> {
+    let (pixels, limit) = (u64::from(width) * u64::from(height), max_image_pixels());
+    if pixels > limit {
+        return Err(format!(
+            "declares {width} x {height} pixels; at most {limit} are decoded (64 Mpx, or a \
+             quarter of this machine's memory)"
+        ));
+    }
+    Ok(())
+}
+
+/// The `(width, height)` an image file's header declares, refused (naming the file) when it
+/// exceeds [`max_image_pixels`]; reads the header only.
+pub fn image_dimensions(path: &Path) -> Result<(u32, u32)> {
+    let fail = |e: String| Error::format(path, format!("cannot read the image: {e}"));
+    let reader = ImageReader::open(path).map_err(|e| fail(e.to_string()))?;
+    let reader = reader.with_guessed_format().map_err(|e| fail(e.to_string()))?;
+    let (width, height) = reader.into_dimensions().map_err(|e| fail(e.to_string()))?;
+    check_pixels(width, height).map_err(|m| Error::format(path, m))?;
+    Ok((width, height))
+}
+
+/// Reads an image file (PNG, JPEG) as RGB (see [`Image::decode`]), its declared size checked
+/// first ([`image_dimensions`]).
 pub fn load_png(path: &Path) -> Result<Image> {
-    let decoded = ::image::open(path)
+    image_dimensions(path)?;
+    let reader = ImageReader::open(path).map_err(|e| Error::io(path, e))?;
+    let reader = reader
+        .with_guessed_format()
         .map_err(|e| Error::format(path, format!("cannot read the image: {e}")))?;
+    let decoded =
+        reader.decode().map_err(|e| Error::format(path, format!("cannot read the image: {e}")))?;
     Ok(Image::from_rgb8(decoded.to_rgb8()))
 }
 

@@ -243,13 +243,16 @@ fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> t
             ),
         ));
     }
-    let loaded =
-        images.iter().map(|p| tpgrpo::image::load_png(p)).collect::<tpgrpo::Result<Vec<_>>>()?;
+    // Every header first (a bad file fails before the rewards load), then one image at a time:
+    // images on disk may differ in size, and only one is in memory at once.
+    for path in images {
+        tpgrpo::image::image_dimensions(path)?;
+    }
     let device = backend::init()?;
     let reward = load_rewards::<Backend>(rewards, &device, &tpgrpo::toy::reward)?;
     let mut rows = Vec::with_capacity(images.len());
-    // One image at a time: images on disk may differ in size.
-    for ((path, image), prompt) in images.iter().zip(loaded).zip(&prompts) {
+    for (path, prompt) in images.iter().zip(&prompts) {
+        let image = tpgrpo::image::load_png(path)?;
         let (total, terms) = score_terms(reward.as_ref(), &[image], std::slice::from_ref(prompt))?;
         let terms: serde_json::Map<String, serde_json::Value> =
             terms.into_iter().map(|t| (t.name, t.scores[0].into())).collect();

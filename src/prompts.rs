@@ -23,6 +23,8 @@ pub struct PromptSet {
     pub train: Vec<Prompt>,
     /// Held-out prompts.
     pub test: Vec<Prompt>,
+    /// The files they were read from (training, held-out): prompt `i` is on line `i + 1`.
+    pub files: [PathBuf; 2],
 }
 
 impl PromptSet {
@@ -33,12 +35,12 @@ impl PromptSet {
         if !dir.is_dir() {
             return Err(Error::format(dir, "no such folder (expected a flow_grpo prompt set)"));
         }
-        let split = |name: &str| -> Result<Vec<Prompt>> {
+        let split = |name: &str| -> Result<(Vec<Prompt>, PathBuf)> {
             let txt = dir.join(format!("{name}.txt"));
             let jsonl = dir.join(format!("{name}_metadata.jsonl"));
             match (txt.is_file(), jsonl.is_file()) {
-                (true, false) => read_prompts(&txt),
-                (false, true) => read_prompts(&jsonl),
+                (true, false) => Ok((read_prompts(&txt)?, txt)),
+                (false, true) => Ok((read_prompts(&jsonl)?, jsonl)),
                 (true, true) => Err(Error::format(
                     dir,
                     format!("holds both {name}.txt and {name}_metadata.jsonl: keep one"),
@@ -49,7 +51,20 @@ impl PromptSet {
                 )),
             }
         };
-        Ok(PromptSet { train: split("train")?, test: split("test")? })
+        let ((train, train_file), (test, test_file)) = (split("train")?, split("test")?);
+        Ok(PromptSet { train, test, files: [train_file, test_file] })
+    }
+
+    /// Checks every prompt with `check` (a reward's
+    /// [`Reward::check_prompt`](crate::reward::Reward::check_prompt)); the first refused is an
+    /// error naming its `file:line`.
+    pub fn check(&self, check: &dyn Fn(&Prompt) -> Result<()>) -> Result<()> {
+        for (file, prompts) in self.files.iter().zip([&self.train, &self.test]) {
+            for (i, prompt) in prompts.iter().enumerate() {
+                check(prompt).map_err(|e| Error::format(line_path(file, i + 1), e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -220,5 +235,26 @@ mod tests {
         let dir = folder("long", &[("p.txt", &long)]);
         let e = read_prompts(&dir.join("p.txt")).unwrap_err().to_string();
         assert!(e.contains("p.txt:2: a line of 16385 bytes"), "{e}");
+    }
+
+    /// What a reward reads of the metadata is checked when the set is loaded, at `file:line`
+    /// (a toy scene whose position names a later group used to panic after the rollouts).
+    #[test]
+    fn a_rewards_check_names_the_file_and_line() {
+        use crate::reward::Reward;
+        let good = r#"{"prompt": "a red circle", "tag": "counting", "include": [{"class": "circle", "color": "red", "count": 1}]}"#;
+        let bad = r#"{"prompt": "two", "tag": "position", "include": [{"class": "circle", "color": "red", "count": 1}, {"class": "square", "color": "blue", "count": 1, "position": ["above", 5]}]}"#;
+        let dir = folder(
+            "check",
+            &[
+                ("train_metadata.jsonl", &format!("{good}\n{bad}\n")),
+                ("test_metadata.jsonl", &format!("{good}\n")),
+            ],
+        );
+        let set = PromptSet::load(&dir).unwrap();
+        let toy = crate::toy::ToyScorer;
+        let e = set.check(&|p| toy.check_prompt(p)).unwrap_err().to_string();
+        assert!(e.contains("train_metadata.jsonl:2:") && e.contains("position"), "{e}");
+        set.check(&|_| Ok(())).expect("a reward that reads no metadata accepts it");
     }
 }

@@ -23,6 +23,15 @@ pub trait Reward {
     /// A short name for logs and metrics.
     fn name(&self) -> &str;
 
+    /// Checks what this reward reads of a prompt (its metadata) before any training: an error
+    /// says what is wrong with it. Called for every prompt when a trainer is built, and by
+    /// [`PromptSet::check`](crate::prompts::PromptSet::check) to name its `file:line`. The
+    /// default accepts every prompt.
+    fn check_prompt(&self, prompt: &Prompt) -> Result<()> {
+        let _ = prompt;
+        Ok(())
+    }
+
     /// What identifies this reward's scores (kind, model source, weights), recorded in
     /// checkpoints: resuming a run with a reward of another identity is refused. The default
     /// is [`Reward::name`].
@@ -116,6 +125,11 @@ pub struct WeightedSum {
 impl Reward for WeightedSum {
     fn name(&self) -> &str {
         "weighted_sum"
+    }
+
+    /// Every term's check.
+    fn check_prompt(&self, prompt: &Prompt) -> Result<()> {
+        self.terms.iter().try_for_each(|(_, r)| r.check_prompt(prompt))
     }
 
     /// `w1 x identity1 + w2 x identity2 ...`.

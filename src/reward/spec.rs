@@ -86,10 +86,11 @@ impl RewardSpec {
                 Box::new(Aesthetic::<B>::load(mlp, clip, device)?)
             }
             "server" | "json-server" => {
-                let url = path()?.to_string_lossy().into_owned();
+                let target = path()?.to_string_lossy().into_owned();
+                let (url, config) = server_settings(&target)?;
                 let protocol =
                     if self.kind == "server" { Protocol::Pickle } else { Protocol::Json };
-                Box::new(RewardServer::new(&url, protocol, ServerConfig::new())?)
+                Box::new(RewardServer::new(url, protocol, config)?)
             }
             name => match &self.target {
                 None => named(name)?,
@@ -102,6 +103,24 @@ impl RewardSpec {
             },
         })
     }
+}
+
+/// A server target's URL and its [`ServerConfig`]: the defaults, with the `key=value` pairs
+/// (`&`-separated) of the URL's fragment applied, which no HTTP client sends
+/// (`http://host:18085#timeout_secs=300&batch_size=16`); an unknown key or a bad value is
+/// an error naming `reward.KEY`.
+fn server_settings(target: &str) -> Result<(&str, ServerConfig)> {
+    let Some((url, fragment)) = target.split_once('#') else {
+        return Ok((target, ServerConfig::new()));
+    };
+    let updates = fragment
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(crate::overrides::parse_assignment)
+        .collect::<Result<Vec<_>>>()?;
+    let config = crate::overrides::apply(&ServerConfig::new(), &updates)
+        .map_err(|e| Error::config("reward", format!("{target:?}: {e}")))?;
+    Ok((url, config))
 }
 
 /// The aesthetic MLP file and its CLIP folder: `FILE.pth` inside the CLIP folder, or the
@@ -180,5 +199,22 @@ mod tests {
         for bad in ["pickscore=", "=x", ":0.5", "pickscore=x:inf", "server=http://h:1:x"] {
             assert!(RewardSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A server's timeout and batch size come from its URL's fragment (never sent), each
+    /// checked as a setting; the fragment leaves the weight and the URL alone.
+    #[test]
+    fn server_settings_come_from_the_url_fragment() {
+        let spec = RewardSpec::parse("server=http://h:18085#timeout_secs=300&batch_size=16:0.5");
+        let spec = spec.unwrap();
+        assert_eq!(spec.weight, 0.5);
+        let (url, config) = server_settings(spec.target.as_deref().unwrap()).unwrap();
+        assert_eq!(url, "http://h:18085");
+        assert_eq!(config, ServerConfig::new().with_timeout_secs(300.0).with_batch_size(16));
+        assert_eq!(server_settings("http://h:1").unwrap().1, ServerConfig::new());
+        let e = server_settings("http://h:1#timeout=3").unwrap_err().to_string();
+        assert!(e.contains("timeout") && e.contains("batch_size"), "{e}");
+        let e = server_settings("http://h:1#batch_size=many").unwrap_err().to_string();
+        assert!(e.contains("batch_size") && e.contains("many"), "{e}");
     }
 }

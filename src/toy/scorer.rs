@@ -246,6 +246,11 @@ impl Reward for ToyScorer {
         "toy_geneval"
     }
 
+    /// The prompt's metadata must be a toy scene ([`Scene::from_prompt`]).
+    fn check_prompt(&self, prompt: &Prompt) -> Result<()> {
+        Scene::from_prompt(prompt).map(|_| ())
+    }
+
     fn score(&self, images: &[Image], prompts: &[Prompt]) -> Result<Vec<f64>> {
         images
             .iter()

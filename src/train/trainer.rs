@@ -116,6 +116,15 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 ),
             ));
         }
+        for (split, prompts) in
+            [("training", &task.train_prompts), ("held-out", &task.eval_prompts)]
+        {
+            for (i, prompt) in prompts.iter().enumerate() {
+                task.reward.check_prompt(prompt).map_err(|e| {
+                    Error::config("prompts", format!("{split} prompt {}: {e}", i + 1))
+                })?;
+            }
+        }
         if config.eval_every > 0 && task.eval_prompts.is_empty() {
             return Err(Error::config("eval_every", "evaluation needs held-out prompts"));
         }

@@ -92,3 +92,56 @@ fn bad_input_is_named() {
         assert!(!o.status.success() && err.contains(want), "{want}: {err}");
     }
 }
+
+/// A PNG whose header declares `width x height` 1-bit grey pixels, with one empty data chunk.
+fn png_header_only(width: u32, height: u32) -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in bytes {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            }
+        }
+        !crc
+    }
+    let chunk = |kind: &[u8], data: &[u8]| {
+        let mut c = (data.len() as u32).to_be_bytes().to_vec();
+        let body: Vec<u8> = kind.iter().chain(data).copied().collect();
+        c.extend(&body);
+        c.extend(crc32(&body).to_be_bytes());
+        c
+    };
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend(height.to_be_bytes());
+    ihdr.extend([1, 0, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(chunk(b"IHDR", &ihdr));
+    png.extend(chunk(b"IDAT", &[]));
+    png.extend(chunk(b"IEND", &[]));
+    png
+}
+
+/// Images are bounded before decoding (issue 39, item 4): a PNG of 100 bytes declaring
+/// 23000 x 23000 1-bit pixels (8.3 GB once expanded to f32 RGB, which `score` used to reach)
+/// is refused from its header, naming the file, before any reward loads.
+#[test]
+fn an_image_declaring_too_many_pixels_is_refused_before_decoding() {
+    let dir = crate::common::scratch("score-huge");
+    let big = dir.join("big.png");
+    std::fs::write(&big, png_header_only(23000, 23000)).unwrap();
+    std::fs::write(dir.join("p.txt"), "a red circle\n").unwrap();
+    let o = score(&[
+        "--reward".into(),
+        "toy-geneval".into(),
+        "--prompts".into(),
+        dir.join("p.txt").display().to_string(),
+        "--images".into(),
+        big.display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("big.png") && err.contains("declares 23000 x 23000 pixels"), "{err}");
+    let e = tpgrpo::image::Image::decode(&png_header_only(23000, 23000)).unwrap_err();
+    assert!(e.to_string().contains("declares 23000 x 23000"), "{e}");
+}
