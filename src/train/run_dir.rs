@@ -118,16 +118,17 @@ fn remove_stale_temporaries(out: &Path) -> Result<()> {
             if !stale {
                 continue;
             }
-            let path = entry.path();
-            let removed = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            removed.map_err(|e| Error::io(&path, e))?;
+            remove(&entry.path())?;
         }
     }
     Ok(())
+}
+
+/// Removes the file or folder `path`.
+fn remove(path: &Path) -> Result<()> {
+    let removed =
+        if path.is_dir() { std::fs::remove_dir_all(path) } else { std::fs::remove_file(path) };
+    removed.map_err(|e| Error::io(path, e))
 }
 
 /// The run files present in `out`.
@@ -170,13 +171,7 @@ fn prepare(out: &Path, start: Start) -> Result<()> {
         }
         Start::Overwrite => {
             for name in present {
-                let path = out.join(name);
-                let removed = if path.is_dir() {
-                    std::fs::remove_dir_all(&path)
-                } else {
-                    std::fs::remove_file(&path)
-                };
-                removed.map_err(|e| Error::io(&path, e))?;
+                remove(&out.join(name))?;
             }
             Ok(())
         }

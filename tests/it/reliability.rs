@@ -579,6 +579,19 @@ fn leaves(value: &serde_json::Value, prefix: &str) -> Vec<String> {
     }
 }
 
+/// `--set` values of a `train_sd3` toy run of a few seconds an epoch (no evaluation, a
+/// checkpoint every epoch).
+const TINY_TOY_RUN: [&str; 8] = [
+    "prompts_per_epoch=2",
+    "group_size=2",
+    "rollout_batch=4",
+    "train_batch=4",
+    "rollout.num_steps=3",
+    "rollout.window_size=1",
+    "eval_every=0",
+    "save_every=1",
+];
+
 /// Two trainers on one output folder (issue 39, item 1), as two processes: while a run holds
 /// the folder a second one, even with `--overwrite`, is refused naming the folder and the
 /// first run's PID, and leaves the lock with it; once the first is killed (its PID still in
@@ -588,20 +601,10 @@ fn a_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over() {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     let out = common::scratch("rel-lock");
-    let tiny = [
-        "prompts_per_epoch=2",
-        "group_size=2",
-        "rollout_batch=4",
-        "train_batch=4",
-        "rollout.num_steps=3",
-        "rollout.window_size=1",
-        "eval_every=0",
-        "save_every=1",
-    ];
     let run = |epochs: &str| {
         let mut cmd = Command::new(common::example_binary("train_sd3"));
         cmd.arg("--out").arg(&out).arg("--overwrite");
-        for s in tiny.iter().chain([&epochs]) {
+        for s in TINY_TOY_RUN.iter().chain([&epochs]) {
             cmd.args(["--set", s]);
         }
         cmd
@@ -643,17 +646,7 @@ fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
     let out = common::scratch("rel-epipe");
     let mut cmd = Command::new(common::example_binary("train_sd3"));
     cmd.arg("--out").arg(&out);
-    for s in [
-        "epochs=1",
-        "prompts_per_epoch=2",
-        "group_size=2",
-        "rollout_batch=4",
-        "train_batch=4",
-        "rollout.num_steps=3",
-        "rollout.window_size=1",
-        "eval_every=0",
-        "save_every=1",
-    ] {
+    for s in TINY_TOY_RUN.iter().chain(&["epochs=1"]) {
         cmd.args(["--set", s]);
     }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
