@@ -228,8 +228,13 @@ fn sample(
     Ok(())
 }
 
-fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> tpgrpo::Result<()> {
-    let mut prompts = tpgrpo::prompts::read_prompts(prompts)?;
+fn score(
+    rewards: &[String],
+    prompt_file: &std::path::Path,
+    images: &[PathBuf],
+) -> tpgrpo::Result<()> {
+    let mut prompts = tpgrpo::prompts::read_prompts(prompt_file)?;
+    let read = prompts.clone();
     if prompts.len() == 1 {
         prompts = vec![prompts[0].clone(); images.len()];
     }
@@ -250,6 +255,12 @@ fn score(rewards: &[String], prompts: &std::path::Path, images: &[PathBuf]) -> t
     }
     let device = backend::init()?;
     let reward = load_rewards::<Backend>(rewards, &device, &tpgrpo::toy::reward)?;
+    // What the reward reads of each prompt, at its file:line (prompt i is on line i + 1).
+    for (i, prompt) in read.iter().enumerate() {
+        reward.check_prompt(prompt).map_err(|e| {
+            Error::format(format!("{}:{}", prompt_file.display(), i + 1), e.to_string())
+        })?;
+    }
     let mut rows = Vec::with_capacity(images.len());
     for (path, prompt) in images.iter().zip(&prompts) {
         let image = tpgrpo::image::load_png(path)?;

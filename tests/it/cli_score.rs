@@ -145,3 +145,23 @@ fn an_image_declaring_too_many_pixels_is_refused_before_decoding() {
     let e = tpgrpo::image::Image::decode(&png_header_only(23000, 23000)).unwrap_err();
     assert!(e.to_string().contains("declares 23000 x 23000"), "{e}");
 }
+
+/// What the reward reads of a prompt is checked at its `file:line` before any image is scored
+/// (issue 39, item 6): a toy scene whose position names a later group.
+#[test]
+fn prompt_metadata_the_reward_reads_is_checked_at_its_line() {
+    let dir = crate::common::scratch("score-metadata");
+    let bad = r#"{"prompt": "two", "tag": "position", "include": [{"class": "circle", "color": "red", "count": 1}, {"class": "square", "color": "blue", "count": 1, "position": ["above", 5]}]}"#;
+    std::fs::write(dir.join("p.jsonl"), format!("{bad}\n")).unwrap();
+    let image = fixtures().join("images/img0_32x32.png").display().to_string();
+    let o = score(&[
+        "--reward".into(),
+        "toy-geneval".into(),
+        "--prompts".into(),
+        dir.join("p.jsonl").display().to_string(),
+        "--images".into(),
+        image,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("p.jsonl:1:") && err.contains("position"), "{err}");
+}

@@ -636,6 +636,14 @@ fn a_folder_in_use_is_refused_and_a_killed_runs_lock_is_taken_over() {
     assert_eq!(std::fs::read_to_string(&lock).unwrap(), "", "a finished run leaves no PID");
 }
 
+/// The write end of a pipe whose read end is already closed: the first write to it fails
+/// with a broken pipe, whenever it comes.
+fn closed_pipe() -> std::process::Stdio {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer.into()
+}
+
 /// A closed stdout never stops training (issue 39, item 5): `train_sd3` with its stdout
 /// closed from the start (as `| head -0` would) finishes its run, checkpoint included, with
 /// one warning on stderr and no panic; `tpgrpo credit` on a closed stdout ends quietly with
@@ -649,9 +657,7 @@ fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
     for s in TINY_TOY_RUN.iter().chain(&["epochs=1"]) {
         cmd.args(["--set", s]);
     }
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
+    let o = cmd.stdout(closed_pipe()).stderr(Stdio::piped()).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -660,14 +666,13 @@ fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
 
     let input = out.join("credit.json");
     std::fs::write(&input, r#"{"batch": [[0.5, 0.4, 0.6]], "prompt_ids": [0]}"#).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
         .args(["credit", "--input"])
         .arg(&input)
-        .stdout(Stdio::piped())
+        .stdout(closed_pipe())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(141), "{err}");
