@@ -57,6 +57,9 @@ pub struct EpochMetrics {
     pub seconds: f64,
     /// The epoch's seconds by phase.
     pub phase_seconds: PhaseSeconds,
+    /// When the line was written: seconds since the Unix epoch (UTC), as TensorBoard's
+    /// `wall_time`; 0 in lines of earlier versions.
+    pub wall_time: f64,
 }
 
 /// Wall-clock seconds of an epoch's phases, each ended by waiting for the device's queued
@@ -103,13 +106,16 @@ pub fn noise_scale(history: &[EpochMetrics]) -> Option<f64> {
     GradientNoise::scale(&estimates)
 }
 
-/// Reads a metrics file (missing file: no lines).
+/// Reads a metrics file (missing file: no lines). A last line without its line end is a write
+/// cut short by a kill (lines are appended whole, each ended by `\n`) and is left out.
 pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    text.lines()
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+    complete
+        .lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()
         .map(|(i, l)| {
@@ -118,9 +124,58 @@ pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>> {
         .collect()
 }
 
-/// Rewrites the metrics file atomically with `lines`.
+/// Seconds since the Unix epoch, now.
+pub(crate) fn wall_time() -> f64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Appends `line` to the metrics file as one JSON line (written with one `write` and synced),
+/// so that a reader following the file (`tail -f`) sees each epoch as it ends.
+pub(crate) fn append_metrics(path: &Path, line: &EpochMetrics) -> Result<()> {
+    use std::io::Write;
+    let text = serde_json::to_string(line).expect("metrics serialise") + "\n";
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    file.write_all(text.as_bytes()).and_then(|()| file.sync_data()).map_err(|e| Error::io(path, e))
+}
+
+/// Rewrites the metrics file atomically with `lines` (a resume cutting it to its checkpoint).
 pub(crate) fn write_metrics(path: &Path, lines: &[EpochMetrics]) -> Result<()> {
     let text: String =
         lines.iter().map(|m| serde_json::to_string(m).expect("metrics serialise") + "\n").collect();
     write_atomically(path, |tmp| std::fs::write(tmp, &text).map_err(|e| Error::io(tmp, e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines are appended (what a reader already read never changes), stamped, and a line cut
+    /// short by a kill is left out on reading while the complete ones are kept.
+    #[test]
+    fn metrics_are_appended_with_timestamps_and_a_torn_line_is_left_out() {
+        let dir = std::env::temp_dir().join(format!("tpgrpo-metrics-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let line = |epoch| EpochMetrics { epoch, wall_time: wall_time(), ..Default::default() };
+        append_metrics(&path, &line(1)).unwrap();
+        let first = std::fs::read(&path).unwrap();
+        append_metrics(&path, &line(2)).unwrap();
+        let both = std::fs::read(&path).unwrap();
+        assert!(both.starts_with(&first) && both.len() > first.len(), "appended, not rewritten");
+        let read = read_metrics(&path).unwrap();
+        assert_eq!(read.iter().map(|m| m.epoch).collect::<Vec<_>>(), [1, 2]);
+        // 2026-01-01 as the lower bound: a real clock, not zero.
+        assert!(read.iter().all(|m| m.wall_time > 1.767e9), "{read:?}");
+        let mut torn = both.clone();
+        torn.extend(b"{\"epoch\": 3, \"rew");
+        std::fs::write(&path, torn).unwrap();
+        assert_eq!(read_metrics(&path).unwrap().len(), 2, "the torn line is left out");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

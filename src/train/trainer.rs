@@ -14,7 +14,7 @@ use super::collect::{epoch_prompts, Batch, Collector};
 use super::config::TrainConfig;
 use super::ema::Ema;
 use super::evaluate::{Evaluation, Evaluator};
-use super::metrics::{read_metrics, timed, write_metrics, EpochMetrics};
+use super::metrics::{append_metrics, read_metrics, timed, wall_time, write_metrics, EpochMetrics};
 use super::noise_scale::GradientNoise;
 use super::observe::{Observer, Phase};
 use super::optim::AdamW;
@@ -521,10 +521,11 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 objective: cfg.objective.objective.name().into(),
                 eval_reward: Some(eval.reward),
                 eval_report: eval.report,
+                wall_time: wall_time(),
                 ..EpochMetrics::default()
             };
+            append_metrics(&metrics_path, &start)?;
             history = vec![start];
-            write_metrics(&metrics_path, &history)?;
             observer.epoch(&history[0], &history)?;
         }
         while self.epoch < cfg.epochs {
@@ -536,13 +537,14 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 self.save_samples(self.epoch, &eval.images)?;
                 (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
             }
-            history.push(m);
+            m.wall_time = wall_time();
             if lead {
-                write_metrics(&metrics_path, &history)?;
+                append_metrics(&metrics_path, &m)?;
                 if (cfg.save_every > 0 && self.epoch.is_multiple_of(cfg.save_every)) || last {
                     self.save_checkpoint()?;
                 }
             }
+            history.push(m);
             if let Some(m) = history.last() {
                 observer.epoch(m, &history)?;
             }

@@ -49,6 +49,7 @@ fn without_time(lines: &[EpochMetrics]) -> Vec<EpochMetrics> {
     let untimed = |m: &EpochMetrics| EpochMetrics {
         seconds: 0.0,
         phase_seconds: Default::default(),
+        wall_time: 0.0,
         ..m.clone()
     };
     lines.iter().map(untimed).collect()
