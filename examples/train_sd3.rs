@@ -16,7 +16,7 @@ mod console;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::dtype_name;
 use tpgrpo::model::MMDiT;
@@ -31,17 +31,19 @@ use tpgrpo::train::{Observer, Phase};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
-#[command(about = "TP-GRPO fine-tuning of SD3 / SD3.5 (default: the embedded toy task)")]
+#[command(version, about = "TP-GRPO fine-tuning of SD3 / SD3.5 (default: the embedded toy task)")]
 struct Args {
     /// A diffusers SD3 / SD3.5 pipeline folder; without it, the embedded toy model.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// `tp-grpo` or `flow-grpo`.
-    #[arg(long, default_value = "tp-grpo")]
+    /// The objective.
+    #[arg(long, default_value = "tp-grpo", value_parser = ["tp-grpo", "flow-grpo"])]
     objective: String,
-    /// A reward, repeatable, each `KIND=PATH[:WEIGHT]` (`pickscore=DIR`, `clipscore=DIR`,
-    /// `aesthetic=DIR|FILE.pth`) or `toy-alignment` / `toy-geneval` (the toy task's dense
-    /// alignment reward / rule-based scorer); several are summed with their weights.
+    /// A reward, repeatable, each `KIND=TARGET[:WEIGHT]`: `pickscore=DIR`, `clipscore=DIR`,
+    /// `aesthetic=DIR|FILE.pth`, `server=URL` (a flow_grpo reward server, pickle protocol),
+    /// `json-server=URL` (its JSON variant; a URL may end in `#timeout_secs=300&batch_size=16`),
+    /// or `toy-alignment` / `toy-geneval` (the toy task's dense alignment reward / rule-based
+    /// scorer); several are summed with their weights (docs/rewards.md).
     #[arg(long = "reward", default_value = "toy-alignment")]
     rewards: Vec<String>,
     /// A flow_grpo prompt folder (`train.txt` + `test.txt`, or `*_metadata.jsonl`); needs
@@ -74,6 +76,9 @@ struct Args {
     /// checkpoint's (refused otherwise, as for other changes that break an exact resume).
     #[arg(long, requires = "resume")]
     allow_task_change: bool,
+    /// No progress bars (they are drawn only when stderr is a terminal anyway).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 fn main() {
@@ -111,7 +116,7 @@ where
         + 'static,
 {
     let devices = backend::devices(config.devices)?;
-    let console = Console::new(config.epochs, out);
+    let console = Console::new(config.epochs, out, !args.no_progress);
     let (settings, specs, resume, out) =
         (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
     let allow_task_change = args.allow_task_change;
@@ -147,11 +152,14 @@ struct Console {
 }
 
 impl Console {
-    fn new(epochs: usize, out: &Path) -> Self {
-        let bars = MultiProgress::new();
+    /// Bars drawn on stderr (indicatif draws nothing when it is not a terminal), or none.
+    fn new(epochs: usize, out: &Path, progress: bool) -> Self {
+        let target =
+            if progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let bars = MultiProgress::with_draw_target(target);
         let bar = |len: usize, what: &str| {
             let style = ProgressStyle::with_template(
-                "{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+                "{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})",
             )
             .expect("a valid template")
             .progress_chars("=> ");

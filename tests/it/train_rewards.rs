@@ -63,3 +63,31 @@ fn train_sd3_trains_on_a_prompt_folder_with_clip_rewards() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("/no/such/folder: no such folder"), "{err}");
 }
+
+/// The command line checks its enumerations, has a version, and its help names every reward
+/// kind (issue 36, item 6: `--objective` took any string, `--reward` omitted the servers).
+#[test]
+fn train_sd3_checks_its_options_and_documents_every_reward_kind() {
+    let run = |args: &[&str]| {
+        Command::new(common::example_binary("train_sd3")).args(args).output().unwrap()
+    };
+    let o = run(&["--objective", "ppo"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("tp-grpo") && err.contains("flow-grpo"), "{err}");
+    let o = run(&["--version"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains(env!("CARGO_PKG_VERSION")), "{out}");
+    let help = String::from_utf8_lossy(&run(&["--help"]).stdout).to_string();
+    for kind in [
+        "pickscore=DIR",
+        "clipscore=DIR",
+        "aesthetic=DIR",
+        "server=URL",
+        "json-server=URL",
+        "toy-alignment",
+        "toy-geneval",
+        "--no-progress",
+    ] {
+        assert!(help.contains(kind), "{kind}: {help}");
+    }
+}
