@@ -133,6 +133,28 @@ pub(crate) fn save<B: Backend>(
     Ok(dir)
 }
 
+/// Keeps `keep` complete checkpoint folders of `out_dir` (at least 1): `written`, the one the
+/// trainer has just written and `latest` names, and the newest others; the older ones are
+/// removed. Folders being written (`.epoch-NNNNN.partial`) and other files are left alone.
+pub(crate) fn prune(out_dir: &Path, written: &Path, keep: usize) -> Result<()> {
+    let root = out_dir.join("checkpoints");
+    let entries = std::fs::read_dir(&root).map_err(|e| Error::io(&root, e))?;
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().join("trainer_state.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| is_checkpoint_name(n) && root.join(n) != written)
+        .collect();
+    // `epoch-` and at least five digits: longer numbers are later epochs.
+    names.sort_by_key(|n| (n.len(), n.clone()));
+    let old = names.len().saturating_sub(keep.max(1) - 1);
+    for name in &names[..old] {
+        let dir = root.join(name);
+        std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    }
+    Ok(())
+}
+
 /// Removes `.latest.tmp-PID` files that killed processes left behind (best effort).
 fn remove_stale_pointers(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };

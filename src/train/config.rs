@@ -53,6 +53,10 @@ pub struct TrainConfig {
     /// Write a checkpoint every this many epochs (and after the last); 0: only at the end.
     #[config(default = 10)]
     pub save_every: usize,
+    /// Checkpoints kept: after each save the oldest complete ones beyond this many are removed
+    /// (never the one just written, which `latest` names); 0 keeps every checkpoint.
+    #[config(default = 0)]
+    pub keep_checkpoints: usize,
     /// Seed of prompt choice and every noise draw.
     #[config(default = 0)]
     pub seed: u64,
@@ -90,9 +94,10 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
 /// Settings a resumed run may change: they decide how long it runs and what it writes and
 /// evaluates and on how many devices, not the training trajectory (every draw derives from the
 /// seed and the epoch).
-pub(crate) const RESUMABLE_CHANGES: [&str; 7] = [
+pub(crate) const RESUMABLE_CHANGES: [&str; 8] = [
     "epochs",
     "save_every",
+    "keep_checkpoints",
     "eval_every",
     "eval_steps",
     "eval_prompts",
@@ -103,7 +108,7 @@ pub(crate) const RESUMABLE_CHANGES: [&str; 7] = [
 impl TrainConfig {
     /// The settings that differ from `saved` and would break an exact resume, each as
     /// `` `field` was X, now Y `` (every field but `epochs`, `eval_every`, `eval_steps`, `eval_prompts`,
-    /// `eval_images_per_prompt`, `save_every` and `devices`).
+    /// `eval_images_per_prompt`, `save_every`, `keep_checkpoints` and `devices`).
     pub fn resume_conflicts(&self, saved: &TrainConfig) -> Vec<String> {
         let flat = |c: &TrainConfig| {
             overrides::leaves(&serde_json::to_value(c).expect("settings serialise"))

@@ -432,7 +432,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             config: self.config.clone(),
             run: Some(self.run_record()),
         };
-        checkpoint::save(&self.out_dir, &state, &self.model.valid(), &self.ema, &self.optimizer)
+        let dir = checkpoint::save(
+            &self.out_dir,
+            &state,
+            &self.model.valid(),
+            &self.ema,
+            &self.optimizer,
+        )?;
+        if self.config.keep_checkpoints > 0 {
+            checkpoint::prune(&self.out_dir, &dir, self.config.keep_checkpoints)?;
+        }
+        Ok(dir)
     }
 
     /// Restores the latest checkpoint of the output folder (its settings must equal these but

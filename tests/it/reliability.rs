@@ -712,3 +712,29 @@ fn resume_refuses_another_reward_or_prompt_set_unless_allowed() {
     t.resume().expect("the same task resumes");
     assert_eq!(t.epoch(), 1);
 }
+
+/// `keep_checkpoints` removes the oldest checkpoints after each save, never the one `latest`
+/// names (issue 36, item 5, part); the run resumes from the latest and goes on pruning.
+#[test]
+fn keep_checkpoints_prunes_the_oldest_and_the_run_resumes() {
+    let out = common::scratch("rel-keep");
+    let kept = || {
+        let entries = std::fs::read_dir(out.join("checkpoints")).unwrap();
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    trainer(config(&["epochs=3", "keep_checkpoints=2"]), &out).train(&mut Silent).unwrap();
+    assert_eq!(kept(), ["epoch-00002", "epoch-00003"]);
+    let mut t = trainer(config(&["epochs=4", "keep_checkpoints=2"]), &out);
+    t.resume().unwrap();
+    assert_eq!(t.epoch(), 3);
+    t.train(&mut Silent).unwrap();
+    assert_eq!(kept(), ["epoch-00003", "epoch-00004"]);
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "epoch-00004");
+}
