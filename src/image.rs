@@ -109,10 +109,14 @@ const BYTES_PER_DECODED_PIXEL: u64 = 8 + 3 + 12;
 /// The most pixels an image read from a file or a reward request may have: 64 Mpx (8192 x
 /// 8192, 1.5 GiB on its way to an [`Image`]), or what a quarter of the machine's memory
 /// holds when that is less.
+/// (The memory is read once a process: every decoded image is checked against it.)
 pub fn max_image_pixels() -> u64 {
     const MAX_PIXELS: u64 = 1 << 26;
-    let fits = crate::limits::host_memory().map(|m| m / 4 / BYTES_PER_DECODED_PIXEL);
-    fits.map_or(MAX_PIXELS, |f| f.min(MAX_PIXELS))
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let fits = crate::limits::host_memory().map(|m| m / 4 / BYTES_PER_DECODED_PIXEL);
+        fits.map_or(MAX_PIXELS, |f| f.min(MAX_PIXELS))
+    })
 }
 
 /// An error message when `width x height` pixels exceed [`max_image_pixels`].

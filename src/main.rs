@@ -233,12 +233,8 @@ fn score(
     prompt_file: &std::path::Path,
     images: &[PathBuf],
 ) -> tpgrpo::Result<()> {
-    let mut prompts = tpgrpo::prompts::read_prompts(prompt_file)?;
-    let read = prompts.clone();
-    if prompts.len() == 1 {
-        prompts = vec![prompts[0].clone(); images.len()];
-    }
-    if prompts.len() != images.len() {
+    let prompts = tpgrpo::prompts::read_prompts(prompt_file)?;
+    if prompts.len() != 1 && prompts.len() != images.len() {
         return Err(Error::config(
             "prompts",
             format!(
@@ -256,13 +252,14 @@ fn score(
     let device = backend::init()?;
     let reward = load_rewards::<Backend>(rewards, &device, &tpgrpo::toy::reward)?;
     // What the reward reads of each prompt, at its file:line (prompt i is on line i + 1).
-    for (i, prompt) in read.iter().enumerate() {
+    for (i, prompt) in prompts.iter().enumerate() {
         reward.check_prompt(prompt).map_err(|e| {
             Error::format(format!("{}:{}", prompt_file.display(), i + 1), e.to_string())
         })?;
     }
     let mut rows = Vec::with_capacity(images.len());
-    for (path, prompt) in images.iter().zip(&prompts) {
+    // One prompt for every image, or one each.
+    for (path, prompt) in images.iter().zip(prompts.iter().cycle()) {
         let image = tpgrpo::image::load_png(path)?;
         let (total, terms) = score_terms(reward.as_ref(), &[image], std::slice::from_ref(prompt))?;
         let terms: serde_json::Map<String, serde_json::Value> =

@@ -63,7 +63,7 @@ impl Drop for Claim {
 fn lock(out: &Path) -> Result<Claim> {
     let path = out.join(LOCK_FILE);
     // One key per folder however it is spelled (`out` exists, so it canonicalizes).
-    let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+    let key = std::fs::canonicalize(out).map_err(|e| Error::io(out, e))?.join(LOCK_FILE);
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = held.iter_mut().find(|(p, _, _)| *p == key) {
         entry.2 += 1;
@@ -76,7 +76,6 @@ fn lock(out: &Path) -> Result<Claim> {
         .truncate(false)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
-    let key = std::fs::canonicalize(&path).unwrap_or(key);
     // A PID is at most 10 digits: read no more than that of whatever the file holds.
     let mut text = String::new();
     let _ = (&mut file).take(16).read_to_string(&mut text);
