@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::doctor::{DoctorConfig, Event};
 use tpgrpo::grpo::{inspect, parse_credit_input, CreditReport};
-use tpgrpo::model::{cast_params, Precision};
+use tpgrpo::model::{cast_params, MMDiT, Precision};
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::reward::{load_rewards, score_terms};
 use tpgrpo::Error;
@@ -88,10 +88,35 @@ enum Command {
         /// Output PNG.
         #[arg(long, default_value = "img.png")]
         out: PathBuf,
+        /// A trained adapter applied to the transformer: a PEFT folder, a diffusers LoRA file
+        /// (`pytorch_lora_weights.safetensors`) or a training checkpoint folder.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
+        /// Weight of the adapter's update (diffusers' adapter weight): 0 is the base model.
+        #[arg(long, default_value_t = 1.0, requires = "adapter")]
+        adapter_scale: f64,
         /// Transformer weights and activations: `auto` (bf16 where the backend computes it),
         /// `f32` or `bf16`.
         #[arg(long, default_value = "auto")]
         precision: Precision,
+    },
+    /// Merge a trained adapter into a transformer and write it as a diffusers `transformer/`
+    /// folder (f32), which diffusers and `tpgrpo sample` load without the adapter.
+    Merge {
+        /// The base transformer: a diffusers pipeline or `transformer/` folder, or a
+        /// single-file checkpoint.
+        #[arg(long)]
+        model: PathBuf,
+        /// The adapter: a PEFT folder, a diffusers LoRA file or a training checkpoint folder.
+        #[arg(long)]
+        adapter: PathBuf,
+        /// Weight of the adapter's update.
+        #[arg(long, default_value_t = 1.0)]
+        adapter_scale: f64,
+        /// The folder to write (`config.json`, `diffusion_pytorch_model.safetensors`); must not
+        /// hold a model already.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Score images on disk with rewards, as training would (check a reward before a long run);
     /// prints JSON.
@@ -135,6 +160,8 @@ fn main() {
             width,
             max_sequence_length,
             out,
+            adapter,
+            adapter_scale,
             precision,
         } => {
             let config = SampleConfig::new()
@@ -143,7 +170,12 @@ fn main() {
                 .with_height(height)
                 .with_width(width)
                 .with_negative_prompt(negative_prompt);
-            sample(&model, &prompt, seed, max_sequence_length, precision, &config, &out)
+            let adapter = adapter.map(|path| (path, adapter_scale));
+            let weights = Weights { model, adapter, precision, max_sequence_length };
+            sample(&weights, &prompt, seed, &config, &out)
+        }
+        Command::Merge { model, adapter, adapter_scale, out } => {
+            merge(&model, &adapter, adapter_scale, &out)
         }
         Command::Score { rewards, prompts, images } => score(&rewards, &prompts, &images),
         Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
@@ -209,22 +241,70 @@ fn render_table(report: &CreditReport) -> String {
     out
 }
 
+/// What `tpgrpo sample` generates with: the pipeline folder, an adapter and its scale, the
+/// transformer's precision and the T5 length.
+struct Weights {
+    model: PathBuf,
+    adapter: Option<(PathBuf, f64)>,
+    precision: Precision,
+    max_sequence_length: usize,
+}
+
 fn sample(
-    model: &std::path::Path,
+    weights: &Weights,
     prompt: &str,
     seed: u64,
-    max_sequence_length: usize,
-    precision: Precision,
     config: &SampleConfig,
     out: &std::path::Path,
 ) -> tpgrpo::Result<()> {
     let device = backend::init()?;
-    let dtype = precision.resolve::<Backend>(&device)?;
-    let mut pipe = Sd3Pipeline::<Backend>::load(model, max_sequence_length, &device)?;
+    let dtype = weights.precision.resolve::<Backend>(&device)?;
+    let mut pipe =
+        Sd3Pipeline::<Backend>::load(&weights.model, weights.max_sequence_length, &device)?;
+    if let Some((path, scale)) = &weights.adapter {
+        let (adapted, lora) = pipe.transformer.load_adapter(path)?;
+        pipe.transformer = adapted.scale_lora(*scale).merge_lora();
+        let modules = lora.target_modules.len();
+        out!(
+            "adapter {} (rank {}, alpha {}, {modules} targets) x {scale}",
+            path.display(),
+            lora.rank,
+            lora.alpha
+        );
+    }
     pipe.transformer = cast_params(pipe.transformer, dtype);
     let images = pipe.generate(&[prompt], &[seed], config)?;
     tpgrpo::image::save_png(out, &images[0])?;
     out!("wrote {} ({}x{})", out.display(), images[0].width, images[0].height);
+    Ok(())
+}
+
+fn merge(
+    model: &std::path::Path,
+    adapter: &std::path::Path,
+    scale: f64,
+    out: &std::path::Path,
+) -> tpgrpo::Result<()> {
+    for existing in ["config.json", "diffusion_pytorch_model.safetensors"] {
+        if out.join(existing).exists() {
+            return Err(Error::format(
+                out,
+                format!("already holds {existing}; choose another --out or remove it"),
+            ));
+        }
+    }
+    let device = backend::init()?;
+    let base = MMDiT::<Backend>::load(model, &device)?;
+    let (adapted, lora) = base.load_adapter(adapter)?;
+    adapted.scale_lora(scale).merge_lora().save_diffusers(out)?;
+    out!(
+        "merged {} (rank {}, alpha {}) x {scale} into {}: wrote {}",
+        adapter.display(),
+        lora.rank,
+        lora.alpha,
+        model.display(),
+        out.display()
+    );
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use super::MMDiT;
 
 use crate::files::write_atomically;
 use crate::rng::gaussian;
-use crate::weights::{save_safetensors, WeightFiles};
+use crate::weights::{save_safetensors, save_safetensors_with_metadata, WeightFiles};
 
 /// PEFT's adapter weight file name.
 pub(crate) const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
@@ -27,6 +27,13 @@ pub(crate) const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
 pub(crate) const PEFT_CONFIG: &str = "adapter_config.json";
 /// Key prefix PEFT gives the wrapped model's modules.
 pub(crate) const PEFT_PREFIX: &str = "base_model.model.";
+/// diffusers' LoRA weight file name (what `pipe.load_lora_weights(dir)` reads).
+pub const DIFFUSERS_LORA_WEIGHTS: &str = "pytorch_lora_weights.safetensors";
+/// Key prefix of the transformer's tensors in a diffusers pipeline LoRA file.
+const DIFFUSERS_PREFIX: &str = "transformer.";
+/// Header metadata entry where diffusers keeps the adapter's PEFT `LoraConfig` (JSON, keys
+/// prefixed like the tensors).
+const DIFFUSERS_METADATA_KEY: &str = "lora_adapter_metadata";
 
 /// The Flow-GRPO / TP-GRPO LoRA targets: the eight joint-attention projections.
 pub(crate) fn default_targets() -> Vec<String> {
@@ -77,6 +84,29 @@ impl LoraConfig {
     pub fn targets(&self, name: &str) -> bool {
         self.target_modules.iter().any(|t| suffix_match(name, t))
     }
+}
+
+/// Refuses PEFT LoRA variants this crate does not compute (DoRA, rsLoRA's `alpha / sqrt(r)`,
+/// per-module ranks or alphas, transposed weights), naming the field: read as plain LoRA they
+/// would give another model without a word.
+fn refuse_variants<'a>(
+    field: impl Fn(&str) -> Option<&'a serde_json::Value>,
+    source: &Path,
+) -> crate::Result<()> {
+    for key in ["use_dora", "use_rslora", "fan_in_fan_out"] {
+        if field(key).and_then(|v| v.as_bool()) == Some(true) {
+            return Err(crate::Error::format(source, format!("`{key}` is not supported")));
+        }
+    }
+    for key in ["rank_pattern", "alpha_pattern"] {
+        if field(key).and_then(|v| v.as_object()).is_some_and(|m| !m.is_empty()) {
+            return Err(crate::Error::format(
+                source,
+                format!("`{key}` (per-module values) is not supported"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// PEFT's rule: `target` is the whole module name or a dot-separated suffix of it.
@@ -242,19 +272,7 @@ impl<B: Backend> MMDiT<B> {
     pub fn save_peft(&self, dir: impl AsRef<Path>, config: &LoraConfig) -> crate::Result<()> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-        let mut tensors = Vec::new();
-        for (name, l) in self.adapters() {
-            for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {
-                let [rows, cols] = t.dims();
-                let values = t.transpose().into_data().convert::<f32>().to_vec::<f32>();
-                let values = values.map_err(|e| crate::Error::config("lora", format!("{e:?}")))?;
-                tensors.push((
-                    format!("{PEFT_PREFIX}{name}.{suffix}.weight"),
-                    vec![cols, rows],
-                    values,
-                ));
-            }
-        }
+        let tensors = self.peft_tensors(PEFT_PREFIX)?;
         save_safetensors(&dir.join(PEFT_WEIGHTS), &tensors)?;
         let json = serde_json::json!({
             "peft_type": "LORA",
@@ -273,6 +291,92 @@ impl<B: Backend> MMDiT<B> {
         write_atomically(&path, |tmp| {
             std::fs::write(tmp, &text).map_err(|e| crate::Error::io(tmp, e))
         })
+    }
+
+    /// Writes the adapters as a diffusers pipeline LoRA file (`pytorch_lora_weights.safetensors`
+    /// layout: f32 `transformer.<module>.lora_A.weight [r, in]` and `lora_B.weight [out, r]`,
+    /// with the PEFT `LoraConfig` under the header's `lora_adapter_metadata`, so that
+    /// `pipe.load_lora_weights` and `transformer.load_lora_adapter` apply `alpha / r`), atomically.
+    pub fn save_diffusers_lora(
+        &self,
+        path: impl AsRef<Path>,
+        config: &LoraConfig,
+    ) -> crate::Result<()> {
+        let path = path.as_ref();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        }
+        let tensors = self.peft_tensors(DIFFUSERS_PREFIX)?;
+        let p = DIFFUSERS_PREFIX;
+        let lora_config = serde_json::json!({
+            format!("{p}r"): config.rank,
+            format!("{p}lora_alpha"): config.alpha,
+            format!("{p}target_modules"): config.target_modules,
+            format!("{p}lora_dropout"): 0.0,
+            format!("{p}bias"): "none",
+            format!("{p}init_lora_weights"): "gaussian",
+            format!("{p}use_rslora"): false,
+            format!("{p}use_dora"): false,
+        });
+        let metadata = [
+            ("format".to_string(), "pt".to_string()),
+            (DIFFUSERS_METADATA_KEY.to_string(), lora_config.to_string()),
+        ];
+        save_safetensors_with_metadata(path, &tensors, Some(metadata.into_iter().collect()))
+    }
+
+    /// The adapters' factors in PyTorch layout under `prefix`: `<prefix><module>.lora_A.weight`
+    /// `[r, in]` and `.lora_B.weight` `[out, r]`.
+    fn peft_tensors(&self, prefix: &str) -> crate::Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+        let mut tensors = Vec::new();
+        for (name, l) in self.adapters() {
+            for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {
+                let [rows, cols] = t.dims();
+                let values = t.transpose().into_data().convert::<f32>().to_vec::<f32>();
+                let values = values.map_err(|e| crate::Error::config("lora", format!("{e:?}")))?;
+                tensors.push((format!("{prefix}{name}.{suffix}.weight"), vec![cols, rows], values));
+            }
+        }
+        Ok(tensors)
+    }
+
+    /// Multiplies every adapter's update by `factor` (diffusers' adapter weight, `--adapter-scale`):
+    /// `y = x W + b + factor (alpha / r) (x A) B`.
+    pub fn scale_lora(mut self, factor: f64) -> Self {
+        for (_, p) in self.projections_mut() {
+            if let Some(l) = p.lora.as_mut() {
+                l.scale *= factor;
+            }
+        }
+        self
+    }
+
+    /// Attaches a trained adapter from any of: a PEFT folder (`adapter_config.json`), a
+    /// diffusers LoRA file or a folder holding `pytorch_lora_weights.safetensors`, or a
+    /// training checkpoint folder (its `adapter/`). Returns the model and the adapter's
+    /// [`LoraConfig`].
+    pub fn load_adapter(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+        let path = path.as_ref();
+        if path.is_file() {
+            return self.load_diffusers_lora(path);
+        }
+        if path.join(PEFT_CONFIG).is_file() {
+            return self.load_peft(path);
+        }
+        if path.join(DIFFUSERS_LORA_WEIGHTS).is_file() {
+            return self.load_diffusers_lora(path.join(DIFFUSERS_LORA_WEIGHTS));
+        }
+        if path.join("adapter").join(PEFT_CONFIG).is_file() {
+            return self.load_peft(path.join("adapter"));
+        }
+        let what = if path.is_dir() { "holds no adapter" } else { "does not exist" };
+        Err(crate::Error::format(
+            path,
+            format!(
+                "{what}: expected a PEFT folder ({PEFT_CONFIG}), a diffusers LoRA file or a \
+                 folder holding {DIFFUSERS_LORA_WEIGHTS}, or a checkpoint folder (adapter/)"
+            ),
+        ))
     }
 
     /// Attaches the adapters of a PEFT folder written by [`MMDiT::save_peft`] (or by PEFT for
@@ -297,22 +401,98 @@ impl<B: Backend> MMDiT<B> {
             .ok_or_else(|| crate::Error::format(&config_path, "`lora_alpha` is not a number"))?;
         let targets: Vec<String> = serde_json::from_value(field("target_modules")?.clone())
             .map_err(|e| crate::Error::format(&config_path, format!("`target_modules`: {e}")))?;
+        refuse_variants(|k| json.get(k), &config_path)?;
         let config = LoraConfig::new()
             .with_rank(rank as usize)
             .with_alpha(alpha)
             .with_target_modules(targets);
-        let mut model = self.with_lora(&config)?;
         let files = WeightFiles::open(dir.join(PEFT_WEIGHTS))?;
+        let model = self.attach(&config, &files, dir, PEFT_PREFIX)?;
+        Ok((model, config))
+    }
+
+    /// Attaches the transformer adapters of a diffusers LoRA file (as
+    /// [`MMDiT::save_diffusers_lora`], `pipe.save_lora_weights` or a diffusers training script
+    /// write it). The targets are the modules the file holds; `alpha` is its metadata's
+    /// `lora_alpha`, or the rank when the file has none (diffusers' rule, a scale of 1).
+    pub fn load_diffusers_lora(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+        let path = path.as_ref();
+        let files = WeightFiles::open(path)?;
+        let mut modules = Vec::new();
+        let mut ranks = BTreeMap::new();
+        for key in files.keys() {
+            let module = key.strip_prefix(DIFFUSERS_PREFIX).and_then(|k| {
+                k.strip_suffix(".lora_A.weight").or(k.strip_suffix(".lora_B.weight"))
+            });
+            let Some(module) = module else {
+                return Err(crate::Error::format(
+                    path,
+                    format!(
+                        "`{key}` is not a transformer LoRA factor (`{DIFFUSERS_PREFIX}<module>.\
+                         lora_A.weight` / `.lora_B.weight`; text-encoder adapters are not supported)"
+                    ),
+                ));
+            };
+            if key.ends_with(".lora_A.weight") {
+                modules.push(module.to_string());
+                let shape = &files.info(key).expect("listed key").shape;
+                ranks.insert(shape.first().copied().unwrap_or(0), key.to_string());
+            }
+        }
+        let rank = match ranks.len() {
+            1 => *ranks.keys().next().expect("one rank"),
+            0 => return Err(crate::Error::format(path, "holds no LoRA factor")),
+            _ => {
+                return Err(crate::Error::format(
+                    path,
+                    format!("the adapters have different ranks ({:?})", ranks.keys()),
+                ))
+            }
+        };
+        let metadata: Option<serde_json::Value> = files
+            .metadata
+            .get(DIFFUSERS_METADATA_KEY)
+            .map(|text| {
+                serde_json::from_str(text).map_err(|e| {
+                    crate::Error::format(path, format!("`{DIFFUSERS_METADATA_KEY}`: {e}"))
+                })
+            })
+            .transpose()?;
+        let meta =
+            |k: &str| metadata.as_ref().and_then(|m| m.get(format!("{DIFFUSERS_PREFIX}{k}")));
+        if let Some(r) = meta("r").and_then(|r| r.as_u64()).filter(|&r| r as usize != rank) {
+            return Err(crate::Error::format(
+                path,
+                format!("the metadata's rank {r} is not the factors' rank {rank}"),
+            ));
+        }
+        let alpha = meta("lora_alpha").and_then(|a| a.as_f64()).unwrap_or(rank as f64);
+        let config =
+            LoraConfig::new().with_rank(rank).with_alpha(alpha).with_target_modules(modules);
+        let model = self.attach(&config, &files, path, DIFFUSERS_PREFIX)?;
+        Ok((model, config))
+    }
+
+    /// The model with adapters for `config` whose factors are read from `files`
+    /// (`<prefix><module>.lora_A.weight [r, in]`, `.lora_B.weight [out, r]`); every factor must
+    /// exist with the module's shape and every tensor of the file must be used.
+    fn attach(
+        self,
+        config: &LoraConfig,
+        files: &WeightFiles,
+        source: &Path,
+        prefix: &str,
+    ) -> crate::Result<Self> {
+        let rank = config.rank;
+        let mut model = self.with_lora(config)?;
         let device = model.devices()[0].clone();
         let mut problems = Vec::new();
         let mut used = 0;
         for (name, p) in model.projections_mut() {
             let [d_in, d_out] = p.dims();
             let Some(l) = p.lora.as_mut() else { continue };
-            for (suffix, [rows, cols]) in
-                [("lora_A", [rank as usize, d_in]), ("lora_B", [d_out, rank as usize])]
-            {
-                let key = format!("{PEFT_PREFIX}{name}.{suffix}.weight");
+            for (suffix, [rows, cols]) in [("lora_A", [rank, d_in]), ("lora_B", [d_out, rank])] {
+                let key = format!("{prefix}{name}.{suffix}.weight");
                 match files.info(&key) {
                     None => problems.push(format!("missing key `{key}`")),
                     Some(info) if info.shape != [rows, cols] => problems.push(format!(
@@ -340,8 +520,8 @@ impl<B: Backend> MMDiT<B> {
             ));
         }
         if !problems.is_empty() {
-            return Err(crate::Error::Checkpoint { path: dir.to_path_buf(), problems });
+            return Err(crate::Error::Checkpoint { path: source.to_path_buf(), problems });
         }
-        Ok((model, config))
+        Ok(model)
     }
 }

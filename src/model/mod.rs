@@ -11,7 +11,7 @@ pub(crate) mod t5;
 pub(crate) mod vae;
 
 pub use clip::{ClipTextConfig, ClipTextModel};
-pub use lora::LoraConfig;
+pub use lora::{LoraConfig, DIFFUSERS_LORA_WEIGHTS};
 pub use mmdit::{MMDiT, MMDiTConfig};
 pub use precision::{cast_params, dtype_name, Precision};
 pub use t5::{T5Config, T5EncoderModel};

@@ -48,3 +48,78 @@ fn sample_writes_a_png_from_the_tiny_folder() {
     let (ok, err) = sample(&dir.join("no-such-model"), 0, &dir.join("x.png"));
     assert!(!ok && err.contains("no-such-model") && err.contains("no such folder"), "{err}");
 }
+
+/// `--adapter` at scale 0 is the base model, at 1 another image; `tpgrpo merge` writes the
+/// merged transformer that peft's `merge_and_unload` computes (tests/fixtures/lora) and refuses
+/// to write over a model.
+#[test]
+fn sample_and_merge_apply_a_trained_adapter() {
+    use tpgrpo::backend::Backend as B;
+    use tpgrpo::model::{LoraConfig, MMDiT};
+
+    let model: PathBuf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/sd3_tiny");
+    let dir = common::scratch("cli-sample-adapter");
+    let base = MMDiT::<B>::load(&model, &common::device()).unwrap();
+    let config = LoraConfig::new().with_rank(2);
+    let adapted = base.with_lora(&config).unwrap();
+    let tensors = adapted
+        .lora_tensors()
+        .into_iter()
+        .map(|(n, t)| match n.ends_with("lora_B") {
+            true => (n, common::noise::<B, 2>(7, t.dims()) * 2.0),
+            false => (n, t),
+        })
+        .collect();
+    let adapter = dir.join("adapter");
+    adapted.with_lora_tensors(tensors).unwrap().save_peft(&adapter, &config).unwrap();
+    let run = |extra: &[&str], out: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+            .args(["sample", "--model"])
+            .arg(&model)
+            .args(["--prompt", "a red circle", "--steps", "3", "--max-sequence-length", "16"])
+            .args(extra)
+            .arg("--out")
+            .arg(dir.join(out))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        image::open(dir.join(out)).unwrap().to_rgb8().into_raw()
+    };
+    let adapter_arg = adapter.to_str().unwrap();
+    let plain = run(&[], "plain.png");
+    assert_eq!(plain, run(&["--adapter", adapter_arg, "--adapter-scale", "0"], "zero.png"));
+    assert_ne!(plain, run(&["--adapter", adapter_arg], "adapted.png"));
+
+    let lora = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora");
+    let transformer = common::mmdit_fixtures().join("sd35_medium_style/transformer");
+    let merge = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+            .args(["merge", "--model"])
+            .arg(&transformer)
+            .arg("--adapter")
+            .arg(lora.join("adapter"))
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let merged = dir.join("merged");
+    let o = merge(&merged);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let inputs = tpgrpo::weights::WeightFiles::open(lora.join("expected.safetensors")).unwrap();
+    let out = MMDiT::<B>::load(&merged, &common::device())
+        .unwrap()
+        .forward(
+            common::tensor(&inputs, "hidden_states"),
+            common::tensor(&inputs, "timestep"),
+            common::tensor(&inputs, "encoder_hidden_states"),
+            common::tensor(&inputs, "pooled_projections"),
+        )
+        .unwrap();
+    let (diff, scale) = common::max_diff(out, common::tensor::<4>(&inputs, "merged"));
+    assert!(diff <= 1e-5 * scale.max(1.0), "merged: max|diff| {diff:e}");
+    let o = merge(&merged);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("already holds config.json"), "{err}");
+}

@@ -13,6 +13,7 @@ mod data_parallel;
 mod doctor;
 mod grpo_loss;
 mod lora;
+mod lora_interop;
 mod mmdit_load;
 mod mmdit_parity;
 mod package;
