@@ -6,7 +6,7 @@
 //! evaluation grids of each objective's first seed side by side; prints the table.
 
 #[macro_use]
-#[path = "common/console.rs"]
+#[path = "../src/cli/console.rs"]
 mod console;
 
 use std::fmt::Write as _;

@@ -9,7 +9,7 @@
 //! the shipped weights (37 minutes on 2 cores).
 
 #[macro_use]
-#[path = "common/console.rs"]
+#[path = "../src/cli/console.rs"]
 mod console;
 
 use std::path::PathBuf;

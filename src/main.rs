@@ -5,6 +5,12 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+
+#[macro_use]
+#[path = "cli/console.rs"]
+mod console;
+#[path = "cli/train.rs"]
+mod train;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::doctor::{DoctorConfig, Event};
 use tpgrpo::grpo::{inspect, parse_credit_input, CreditReport};
@@ -46,6 +52,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train with TP-GRPO or Flow-GRPO: the embedded toy task by default, or a diffusers
+    /// SD3 / SD3.5 folder (`--model`) with real prompts and rewards (the `train_sd3` example).
+    Train(train::Args),
     /// Show TP-GRPO credit assignment for a batch of reward sequences: step rewards, turning
     /// points, credited rewards and advantages.
     Credit {
@@ -148,6 +157,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(args) => train::run(args),
         Command::Credit { input, json } => credit(&input, json),
         Command::Sample {
             model,
@@ -181,8 +191,7 @@ fn main() {
         Command::Doctor { stall_secs, no_epoch } => doctor(stall_secs, !no_epoch),
     };
     if let Err(e) = result {
-        let _ = writeln!(std::io::stderr(), "error: {e}");
-        std::process::exit(1);
+        console::fail(e);
     }
 }
 

@@ -21,6 +21,9 @@ use crate::files::write_atomically;
 use crate::rng::gaussian;
 use crate::weights::{save_safetensors, save_safetensors_with_metadata, WeightFiles};
 
+/// A tensor to save: key, shape, f32 values.
+type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
 /// PEFT's adapter weight file name.
 pub(crate) const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
 /// PEFT's adapter configuration file name.
@@ -327,7 +330,7 @@ impl<B: Backend> MMDiT<B> {
 
     /// The adapters' factors in PyTorch layout under `prefix`: `<prefix><module>.lora_A.weight`
     /// `[r, in]` and `.lora_B.weight` `[out, r]`.
-    fn peft_tensors(&self, prefix: &str) -> crate::Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    fn peft_tensors(&self, prefix: &str) -> crate::Result<Vec<NamedTensor>> {
         let mut tensors = Vec::new();
         for (name, l) in self.adapters() {
             for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {

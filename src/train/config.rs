@@ -87,6 +87,14 @@ pub struct TrainConfig {
     pub ema: EmaConfig,
 }
 
+/// Reads a settings file (`--config`) as JSON (a leading byte-order mark, which Windows editors write,
+/// is skipped); errors name the file.
+pub fn read_settings(path: &Path) -> crate::Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    serde_json::from_str(text).map_err(|e| crate::Error::format(path, e.to_string()))
+}
+
 fn err(field: &str, message: impl Into<String>) -> crate::Error {
     crate::Error::config(field, message)
 }
@@ -132,17 +140,23 @@ impl TrainConfig {
     /// struct) and then the `key.path=value` overrides applied (`value` is JSON, or a bare
     /// string); validated.
     pub fn with_sources(&self, file: Option<&Path>, overrides: &[String]) -> crate::Result<Self> {
+        let json = file.map(|path| read_settings(path).map(|json| (path, json))).transpose()?;
+        self.with_json(json.as_ref().map(|(p, j)| (*p, j)), overrides)
+    }
+
+    /// [`TrainConfig::with_sources`] with the file already read: `file` is its path (for
+    /// errors) and its JSON object.
+    pub fn with_json(
+        &self,
+        file: Option<(&Path, &Value)>,
+        overrides: &[String],
+    ) -> crate::Result<Self> {
         let mut updates = Vec::new();
-        if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
-            // Editors on Windows may write a byte-order mark; JSON itself has none.
-            let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-            let json: Value = serde_json::from_str(text)
-                .map_err(|e| crate::Error::format(path, e.to_string()))?;
+        if let Some((path, json)) = file {
             if !json.is_object() {
                 return Err(crate::Error::format(path, "expected a JSON object"));
             }
-            updates.extend(overrides::leaves(&json));
+            updates.extend(overrides::leaves(json));
         }
         for o in overrides {
             updates.push(overrides::parse_assignment(o)?);

@@ -19,7 +19,7 @@ pub(crate) mod trainer;
 pub(crate) mod update;
 
 pub use collect::sample_order;
-pub use config::TrainConfig;
+pub use config::{read_settings, TrainConfig};
 pub use ema::EmaConfig;
 pub use evaluate::Evaluation;
 pub use metrics::{noise_scale, read_metrics, EpochMetrics, PhaseSeconds};

@@ -7,6 +7,7 @@
 mod cli_credit;
 mod cli_sample;
 mod cli_score;
+mod cli_train;
 mod common;
 mod credit_properties;
 mod data_parallel;

@@ -1,5 +1,5 @@
 //! Console output of the training programs: a closed or failing stdout (`| head`, a full log
-//! disk) never stops a run. Included by the examples with `#[path]`.
+//! disk) never stops a run. Included by `tpgrpo` and the examples with `#[path]`.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,449 @@
+//! The trainer's command line, shared by `tpgrpo train` and the `train_sd3` example (both
+//! include this file).
+//!
+//! TP-GRPO fine-tuning of an SD3-family model.
+//!
+//! With no arguments it trains the embedded toy model (`models/toy/`, coloured shapes) on the
+//! CPU with the dense prompt-alignment reward (`--reward toy-geneval`: the rule-based
+//! GenEval-like scorer) and prints the held-out reward and the GenEval-style checks before and
+//! after. `--model DIR` trains a diffusers SD3 / SD3.5 folder with the reference settings, on
+//! a flow_grpo prompt folder (`--prompts DIR`) with real rewards (`--reward pickscore=DIR`,
+//! `--reward aesthetic=DIR:0.5`, ...; several are summed with their weights), or on the toy
+//! task's prompts and reward; `--features cuda` selects the GPU backend; `--objective
+//! flow-grpo` the baseline.
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tpgrpo::backend::{self, Backend, TrainBackend};
+use tpgrpo::model::dtype_name;
+use tpgrpo::model::MMDiT;
+use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
+use tpgrpo::prompts::PromptSet;
+use tpgrpo::reward::{load_rewards, Report, Reward};
+use tpgrpo::sampler::TextToImage;
+use tpgrpo::toy::{self, ToyChecks};
+use tpgrpo::train::save_reward_curve;
+use tpgrpo::train::{noise_scale, parallel, read_settings, run_dir, EpochMetrics, Task};
+use tpgrpo::train::{Observer, Phase};
+use tpgrpo::train::{TrainConfig, Trainer};
+
+/// The trainer's command-line options (`tpgrpo train`, `train_sd3`).
+#[derive(Parser, Debug)]
+#[command(version, about = "TP-GRPO fine-tuning of SD3 / SD3.5 (default: the embedded toy task)")]
+pub struct Args {
+    /// A diffusers SD3 / SD3.5 pipeline folder; without it (here or as `task.model` in
+    /// `--config`), the embedded toy model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The objective (the `objective.objective` setting; default `tp-grpo`).
+    #[arg(long, value_parser = ["tp-grpo", "flow-grpo"])]
+    objective: Option<String>,
+    /// A reward, repeatable, each `KIND=TARGET[:WEIGHT]`: `pickscore=DIR`, `clipscore=DIR`,
+    /// `aesthetic=DIR|FILE.pth`, `server=URL` (a flow_grpo reward server, pickle protocol),
+    /// `json-server=URL` (its JSON variant; a URL may end in `#timeout_secs=300&batch_size=16`),
+    /// or `toy-alignment` / `toy-geneval` (the toy task's dense alignment reward / rule-based
+    /// scorer); several are summed with their weights (docs/rewards.md). Default: the
+    /// `--config` file's `task.reward`, else `toy-alignment`.
+    #[arg(long = "reward")]
+    rewards: Vec<String>,
+    /// A flow_grpo prompt folder (`train.txt` + `test.txt`, or `*_metadata.jsonl`); needs
+    /// `--model`. Without it (here or as `task.prompts` in `--config`), the toy task's prompts.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// A JSON file of settings (any subset of TrainConfig, nested; `configs/` holds the
+    /// reference tasks'), optionally with a `task` object giving `model`, `prompts`, `reward`
+    /// (a list) and `resolution`, which the command-line options override.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides `key.path=value`, applied after the file (repeatable).
+    #[arg(long = "set")]
+    sets: Vec<String>,
+    /// Output folder (metrics.jsonl, samples/, checkpoints/, reward_curve.png).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from the latest checkpoint in the output folder.
+    #[arg(long, conflicts_with = "overwrite")]
+    resume: bool,
+    /// Replace the run in the output folder (its metrics, checkpoints, samples and curve).
+    #[arg(long)]
+    overwrite: bool,
+    /// Image side in pixels with `--model` (default: `task.resolution`, else 512, at which
+    /// Flow-GRPO trains SD3.5).
+    #[arg(long)]
+    resolution: Option<usize>,
+    /// Devices to train on, one data-parallel replica each (the `devices` setting; the CPU
+    /// backend runs that many replicas on its one device).
+    #[arg(long)]
+    devices: Option<usize>,
+    /// With `--resume`: continue even though the reward or the prompt set differs from the
+    /// checkpoint's (refused otherwise, as for other changes that break an exact resume).
+    #[arg(long, requires = "resume")]
+    allow_task_change: bool,
+    /// No progress bars (they are drawn only when stderr is a terminal anyway).
+    #[arg(long)]
+    no_progress: bool,
+    /// Print the effective settings (defaults, then `--config`, then `--set`, `--objective`,
+    /// `--devices`) as JSON and exit without training.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// The `--reward` values as one reward on `device`.
+fn rewards(specs: &[String], device: &backend::Device) -> tpgrpo::Result<Box<dyn Reward>> {
+    load_rewards::<Backend>(specs, device, &toy::reward)
+}
+
+/// Trains one replica per device of the `devices` setting (`docs/training.md`) and returns
+/// the run's metrics; `trainer` builds a replica's trainer from the settings, its reward (the
+/// `--reward` values, loaded on its device first so that a wrong path fails early), the output
+/// folder and its device. Each replica then checks its memory and, with `--resume`, resumes
+/// as itself (only the lead rewrites the metrics).
+fn train_replicas<P, F>(
+    config: &TrainConfig,
+    args: &Args,
+    out: &Path,
+    trainer: F,
+) -> tpgrpo::Result<Vec<EpochMetrics>>
+where
+    P: TextToImage<Backend> + 'static,
+    F: Fn(
+            TrainConfig,
+            Box<dyn Reward>,
+            &Path,
+            &backend::Device,
+        ) -> tpgrpo::Result<Trainer<TrainBackend, P>>
+        + Send
+        + Sync
+        + 'static,
+{
+    let devices = backend::devices(config.devices)?;
+    let console = Console::new(config.epochs, out, !args.no_progress);
+    let (settings, specs, resume, out) =
+        (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
+    let allow_task_change = args.allow_task_change;
+    parallel::train::<TrainBackend, _, _, _>(
+        devices,
+        move |replica, device| {
+            let reward = rewards(&specs, device)?;
+            let mut trainer =
+                trainer(settings.clone(), reward, &out, device)?.with_replica(replica);
+            if allow_task_change {
+                trainer = trainer.allowing_task_change();
+            }
+            trainer.check_memory(backend::memory(device))?;
+            if resume {
+                trainer.resume()?;
+                if replica.is_lead() {
+                    say!("resumed after epoch {}", trainer.epoch());
+                }
+            }
+            Ok(trainer)
+        },
+        console,
+    )
+}
+
+/// What a run shows: progress bars on stderr, a line per epoch on stdout, and
+/// `reward_curve.png` redrawn after every epoch.
+struct Console {
+    bars: MultiProgress,
+    epochs: ProgressBar,
+    phase: ProgressBar,
+    curve: PathBuf,
+}
+
+impl Console {
+    /// Bars drawn on stderr (indicatif draws nothing when it is not a terminal), or none.
+    fn new(epochs: usize, out: &Path, progress: bool) -> Self {
+        let target =
+            if progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let bars = MultiProgress::with_draw_target(target);
+        let bar = |len: usize, what: &str| {
+            let style = ProgressStyle::with_template(
+                "{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> ");
+            let pb = bars.add(ProgressBar::new(len as u64).with_style(style));
+            pb.set_prefix(what.to_string());
+            pb
+        };
+        let (epochs, phase) = (bar(epochs, "epochs"), bar(0, "epoch"));
+        Console { bars, epochs, phase, curve: out.join("reward_curve.png") }
+    }
+}
+
+impl Observer for Console {
+    fn phase(&mut self, _epoch: usize, phase: Phase, total: usize) {
+        self.phase.set_length(total as u64);
+        self.phase.set_position(0);
+        self.phase.set_message(match phase {
+            Phase::Rollouts => "rollouts",
+            Phase::Updates => "updates",
+            Phase::Evaluation => "evaluation",
+        });
+    }
+
+    fn advance(&mut self, done: usize) {
+        self.phase.inc(done as u64);
+    }
+
+    fn epoch(&mut self, m: &EpochMetrics, history: &[EpochMetrics]) -> tpgrpo::Result<()> {
+        self.bars.suspend(|| print_epoch(m));
+        self.epochs.set_position(m.epoch as u64);
+        self.epochs.set_message(format!("reward {:.3}", m.reward_mean));
+        if self.epochs.position() >= self.epochs.length().unwrap_or(0) {
+            self.phase.finish_and_clear();
+            self.epochs.finish_and_clear();
+        }
+        save_reward_curve(&self.curve, history)
+    }
+}
+
+/// The report's rates as `name value` pairs.
+fn report_line(m: &EpochMetrics) -> String {
+    m.eval_report.iter().map(|(k, v)| format!("  {k} {v:.3}")).collect()
+}
+
+/// Each reward's mean when several are summed.
+fn terms_line(m: &EpochMetrics) -> String {
+    if m.reward_terms.len() < 2 {
+        return String::new();
+    }
+    let terms: String = m.reward_terms.iter().map(|(k, v)| format!("  {k} {v:.4}")).collect();
+    format!("\n           rewards{terms}")
+}
+
+fn print_epoch(m: &EpochMetrics) {
+    match (m.epoch, m.eval_reward) {
+        (0, Some(r)) => say!("before training: held-out reward {r:.4}{}", report_line(m)),
+        (_, eval) => say!(
+            "epoch {:3}  reward {:.4} ± {:.4}  turning points {:3} (+{} / -{})  ratio {:.5}  \
+             clip {:.2}/{:.2}  kl {:.2e}  nfe {:.0}  {:.1} s{}{}",
+            m.epoch,
+            m.reward_mean,
+            m.reward_std,
+            m.credit.turning_points,
+            m.credit.turning_points_positive,
+            m.credit.turning_points_negative,
+            m.loss.ratio_mean,
+            m.loss.clip_frac_above,
+            m.loss.clip_frac_below,
+            m.loss.kl,
+            m.nfe_per_sample,
+            m.seconds,
+            terms_line(m),
+            eval.map(|r| format!("\n           held-out {r:.4}{}", report_line(m)))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// How the run starts in its output folder, from `--resume` / `--overwrite`.
+fn start(args: &Args) -> run_dir::Start {
+    match (args.resume, args.overwrite) {
+        (true, _) => run_dir::Start::Resume,
+        (_, true) => run_dir::Start::Overwrite,
+        _ => run_dir::Start::Fresh,
+    }
+}
+
+/// The `task` object of a settings file: what `--model`, `--prompts`, `--reward` and
+/// `--resolution` give (the options take precedence).
+#[derive(serde::Deserialize, serde::Serialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct TaskSettings {
+    model: Option<PathBuf>,
+    prompts: Option<PathBuf>,
+    reward: Option<Vec<String>>,
+    resolution: Option<usize>,
+}
+
+/// The `--config` file without its `task` object, and the task: the file's values where the
+/// command line gives none, then the defaults.
+fn read_config(args: &mut Args) -> tpgrpo::Result<Option<serde_json::Value>> {
+    let mut task = TaskSettings::default();
+    let mut settings = None;
+    if let Some(path) = &args.config {
+        let mut json = read_settings(path)?;
+        if let Some(value) = json.as_object_mut().and_then(|o| o.remove("task")) {
+            task = serde_json::from_value(value)
+                .map_err(|e| tpgrpo::Error::format(path, format!("`task`: {e}")))?;
+        }
+        settings = Some(json);
+    }
+    args.model = args.model.take().or(task.model);
+    args.prompts = args.prompts.take().or(task.prompts);
+    if args.rewards.is_empty() {
+        args.rewards = task.reward.unwrap_or_else(|| vec!["toy-alignment".to_string()]);
+    }
+    args.resolution = args.resolution.or(task.resolution).or(Some(512));
+    if args.prompts.is_some() && args.model.is_none() {
+        return Err(tpgrpo::Error::config(
+            "prompts",
+            "a prompt folder needs a model (`--model` or `task.model`)",
+        ));
+    }
+    Ok(settings)
+}
+
+/// Trains as `args` say (see the module documentation).
+pub fn run(mut args: Args) -> tpgrpo::Result<()> {
+    let settings = read_config(&mut args)?;
+    let file = args.config.as_deref().zip(settings.as_ref());
+    let device = backend::init()?;
+    let objective = args.objective.as_ref().map(|o| format!("objective.objective={o}"));
+    let mut sets: Vec<String> = objective.into_iter().chain(args.sets.iter().cloned()).collect();
+    sets.extend(args.devices.map(|n| format!("devices={n}")));
+    if let Some(dir) = &args.model {
+        return train_diffusers(dir, &args, file, &sets, &device);
+    }
+    let config = toy::train_config().with_json(file, &sets)?;
+    if args.print_config {
+        return print_config(&args, &config);
+    }
+    let objective = config.objective.objective.name();
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/toy-{objective}")));
+    let claim = run_dir::claim(&out, start(&args))?;
+    say_takeover(&claim, &out);
+    say!(
+        "tpgrpo train: embedded toy task, {} with {} on {} ({}) x {}, {} epochs of {} \
+         prompts x {}, output {}",
+        objective,
+        args.rewards.join(" + "),
+        backend::NAME,
+        dtype_name(config.precision.resolve::<Backend>(&device)?),
+        config.devices,
+        config.epochs,
+        config.prompts_per_epoch,
+        config.group_size,
+        out.display()
+    );
+    let history = train_replicas(&config, &args, &out, |settings, reward, out, device| {
+        toy::trainer::<TrainBackend>(settings, reward, out, device)
+    })?;
+    report(&history, &config, &out);
+    drop(claim);
+    Ok(())
+}
+
+/// Prints the task and the settings as pretty JSON, in the settings' own order (a file
+/// `--config` reads back).
+fn print_config(args: &Args, config: &TrainConfig) -> tpgrpo::Result<()> {
+    let task = TaskSettings {
+        model: args.model.clone(),
+        prompts: args.prompts.clone(),
+        reward: Some(args.rewards.clone()),
+        resolution: args.resolution,
+    };
+    let task = serde_json::to_string_pretty(&task).expect("task serialises");
+    let settings = serde_json::to_string_pretty(config).expect("settings serialise");
+    let fields = settings.strip_prefix('{').expect("a JSON object");
+    say!("{{\n  \"task\": {},{fields}", task.replace('\n', "\n  "));
+    Ok(())
+}
+
+/// Says so when the output folder's lock was taken over from a run that was killed.
+fn say_takeover(claim: &run_dir::Claim, out: &std::path::Path) {
+    if let Some(pid) = claim.took_over_from {
+        say!(
+            "{}: took over from process {pid}, which ended without releasing the folder",
+            out.display()
+        );
+    }
+}
+
+/// Prints the held-out reward at the first and last evaluation and the gradient noise scale
+/// against the samples of one update.
+fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path) {
+    let evals: Vec<&EpochMetrics> = history.iter().filter(|m| m.eval_reward.is_some()).collect();
+    if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
+        let (a, b) = (first.eval_reward.unwrap_or(0.0), last.eval_reward.unwrap_or(0.0));
+        let (e0, e1) = (first.epoch, last.epoch);
+        say!("held-out reward: {a:.4} at epoch {e0} -> {b:.4} at epoch {e1} ({:+.4})", b - a);
+        for (name, before) in &first.eval_report {
+            let after = last.eval_report.get(name).copied().unwrap_or(f64::NAN);
+            say!("  {name:<15} {before:.4} -> {after:.4} ({:+.4})", after - before);
+        }
+    }
+    let n = config.prompts_per_epoch * config.group_size / config.optimizer_steps_per_epoch;
+    match noise_scale(history) {
+        Some(b) => say!("gradient noise scale: {b:.0} samples per update (this run: {n})"),
+        None => say!(
+            "gradient noise scale: not resolved (at {n} samples per update the gradient noise \
+             hides the signal, or no update had two micro-batches)"
+        ),
+    }
+    say!("metrics: {}", out.join("metrics.jsonl").display());
+}
+
+/// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 folder with the reference settings
+/// (`TrainConfig` defaults), the GenEval-style prompts of the embedded task and its `--reward`,
+/// at `--resolution`.
+fn train_diffusers(
+    dir: &std::path::Path,
+    args: &Args,
+    file: Option<(&Path, &serde_json::Value)>,
+    sets: &[String],
+    device: &backend::Device,
+) -> tpgrpo::Result<()> {
+    let config = TrainConfig::new().with_json(file, sets)?;
+    if args.print_config {
+        return print_config(args, &config);
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
+    });
+    let claim = run_dir::claim(&out, start(args))?;
+    say_takeover(&claim, &out);
+    // Prompts first, and each replica loads its rewards before the transformer: a wrong path
+    // fails before the transformer is read.
+    let set = args.prompts.as_ref().map(PromptSet::load).transpose()?;
+    let side = args.resolution.unwrap_or(512);
+    let (train_prompts, eval_prompts, checks) = match &set {
+        Some(set) => (set.train.clone(), set.test.clone(), false),
+        None => (toy::prompts(toy::Split::Train), toy::prompts(toy::Split::Eval), true),
+    };
+    say!(
+        "tpgrpo train: {} with {} and {} on {} ({}) x {}, {} epochs of {} prompts x {} at \
+         {}px, {} training prompts ({}), output {}",
+        dir.display(),
+        config.objective.objective.name(),
+        args.rewards.join(" + "),
+        backend::NAME,
+        dtype_name(config.precision.resolve::<Backend>(device)?),
+        config.devices,
+        config.epochs,
+        config.prompts_per_epoch,
+        config.group_size,
+        side,
+        train_prompts.len(),
+        args.prompts.as_ref().map_or("the toy task's".into(), |p| p.display().to_string()),
+        out.display()
+    );
+    let model = dir.to_path_buf();
+    let history = train_replicas(&config, args, &out, move |settings, reward, out, device| {
+        // What the reward reads of each prompt, checked at its file:line before the
+        // transformer loads.
+        if let Some(set) = &set {
+            set.check(&|p| reward.check_prompt(p))?;
+        }
+        let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
+        let config = &transformer.config;
+        let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {
+            tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
+            other => other,
+        })?;
+        let latent = [config.in_channels, h, w];
+        let pipeline = Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
+        let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
+        let (train_prompts, eval_prompts) = (train_prompts.clone(), eval_prompts.clone());
+        let task = Task { pipeline, reward, train_prompts, eval_prompts, report };
+        Trainer::new(settings, transformer, task, out)
+    })?;
+    report(&history, &config, &out);
+    drop(claim);
+    Ok(())
+}
