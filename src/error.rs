@@ -76,6 +76,18 @@ pub enum Error {
         /// Of how many.
         total: usize,
     },
+    /// Training stopped on request ([`crate::train::Trainer::stopping_on`]) after writing a
+    /// checkpoint of the last completed epoch; resuming from it continues the run exactly.
+    #[error(
+        "stopped on request after epoch {epoch}; checkpoint {} (resume from it to continue)",
+        .checkpoint.display()
+    )]
+    Stopped {
+        /// Epochs completed.
+        epoch: usize,
+        /// The checkpoint of that epoch.
+        checkpoint: PathBuf,
+    },
     /// A replica of a data-parallel run failed, or its collective did.
     #[error("replica {rank}: {message}")]
     Replica {

@@ -13,6 +13,8 @@
 //! flow-grpo` the baseline.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -63,9 +65,10 @@ pub struct Args {
     /// Output folder (metrics.jsonl, samples/, checkpoints/, reward_curve.png).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue from the latest checkpoint in the output folder.
-    #[arg(long, conflicts_with = "overwrite")]
-    resume: bool,
+    /// Continue from the latest checkpoint in the output folder, or from the checkpoint folder
+    /// given (`--resume runs/x/checkpoints/epoch-00040`).
+    #[arg(long, num_args = 0..=1, value_name = "CHECKPOINT", conflicts_with = "overwrite")]
+    resume: Option<Option<PathBuf>>,
     /// Replace the run in the output folder (its metrics, checkpoints, samples and curve).
     #[arg(long)]
     overwrite: bool,
@@ -121,7 +124,8 @@ where
     let devices = backend::devices(config.devices)?;
     let console = Console::new(config.epochs, out, !args.no_progress);
     let (settings, specs, resume, out) =
-        (config.clone(), args.rewards.clone(), args.resume, out.to_path_buf());
+        (config.clone(), args.rewards.clone(), args.resume.clone(), out.to_path_buf());
+    let stop = stop_on_signals()?;
     let allow_task_change = args.allow_task_change;
     parallel::train::<TrainBackend, _, _, _>(
         devices,
@@ -133,8 +137,12 @@ where
                 trainer = trainer.allowing_task_change();
             }
             trainer.check_memory(backend::memory(device))?;
-            if resume {
-                trainer.resume()?;
+            trainer = trainer.stopping_on(stop.clone());
+            if let Some(checkpoint) = &resume {
+                match checkpoint {
+                    Some(dir) => trainer.resume_from(dir)?,
+                    None => trainer.resume()?,
+                }
                 if replica.is_lead() {
                     say!("resumed after epoch {}", trainer.epoch());
                 }
@@ -243,7 +251,7 @@ fn print_epoch(m: &EpochMetrics) {
 
 /// How the run starts in its output folder, from `--resume` / `--overwrite`.
 fn start(args: &Args) -> run_dir::Start {
-    match (args.resume, args.overwrite) {
+    match (args.resume.is_some(), args.overwrite) {
         (true, _) => run_dir::Start::Resume,
         (_, true) => run_dir::Start::Overwrite,
         _ => run_dir::Start::Fresh,
@@ -289,8 +297,42 @@ fn read_config(args: &mut Args) -> tpgrpo::Result<Option<serde_json::Value>> {
     Ok(settings)
 }
 
-/// Trains as `args` say (see the module documentation).
-pub fn run(mut args: Args) -> tpgrpo::Result<()> {
+/// Exit status of a run stopped by SIGINT or SIGTERM once its checkpoint is written (sysexits'
+/// `EX_TEMPFAIL`: run it again with `--resume`). A second signal ends the process at once with
+/// the shell's status for it (130 for SIGINT, 143 for SIGTERM).
+pub const STOPPED: i32 = 75;
+
+/// A flag that SIGINT and SIGTERM set; a second one, when the flag is already set, exits at
+/// once.
+fn stop_on_signals() -> tpgrpo::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // The shutdown hook first: it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stop.clone())
+            .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
+            .map_err(|e| tpgrpo::Error::config("signal handlers", e.to_string()))?;
+    }
+    Ok(stop)
+}
+
+/// Trains as `args` say (see the module documentation); a run stopped by a signal says where
+/// its checkpoint is and exits with [`STOPPED`].
+pub fn run(args: Args) -> tpgrpo::Result<()> {
+    match train(args) {
+        Err(tpgrpo::Error::Stopped { epoch, checkpoint }) => {
+            say!(
+                "stopped after epoch {epoch}: checkpoint {}; continue with --resume",
+                checkpoint.display()
+            );
+            std::process::exit(STOPPED)
+        }
+        other => other,
+    }
+}
+
+/// [`run`] until the end or a stop.
+fn train(mut args: Args) -> tpgrpo::Result<()> {
     let settings = read_config(&mut args)?;
     let file = args.config.as_deref().zip(settings.as_ref());
     let device = backend::init()?;

@@ -228,6 +228,25 @@ pub fn latest(out_dir: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The checkpoint folder of epoch `epoch` in `out_dir`.
+pub(crate) fn dir_of(out_dir: &Path, epoch: usize) -> PathBuf {
+    out_dir.join("checkpoints").join(format!("epoch-{epoch:05}"))
+}
+
+/// `dir` if it is a complete checkpoint folder (one holding `trainer_state.json`, which is
+/// written last), else an error naming it.
+pub(crate) fn check_dir(dir: &Path) -> Result<PathBuf> {
+    if dir.join("trainer_state.json").is_file() {
+        return Ok(dir.to_path_buf());
+    }
+    let what = if dir.is_dir() {
+        "is not a complete checkpoint folder (no trainer_state.json)"
+    } else {
+        "does not exist"
+    };
+    Err(Error::format(dir, format!("{what}; checkpoints are checkpoints/epoch-NNNNN/")))
+}
+
 /// The complete checkpoint folder (with `trainer_state.json`, which is written last) of the
 /// highest epoch under `root`, if any.
 fn newest_complete(root: &Path) -> Result<Option<PathBuf>> {

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::prelude::*;
 
@@ -104,6 +105,8 @@ pub(crate) struct Collector<'a, B: Backend, P: TextToImage<B>> {
     pub pipeline: &'a P,
     /// The reward.
     pub reward: &'a dyn Reward,
+    /// Set to stop: read before each rollout chunk.
+    pub stop: &'a AtomicBool,
 }
 
 /// One rollout chunk's samples: their seeds, prompts and guidance conditioning.
@@ -116,14 +119,15 @@ struct Chunk<B: Backend> {
 
 impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
     /// Rollouts of the samples `rows` of epoch `epoch` on `prompts` (of the
-    /// [`sample_order`]), in chunks of `rollout_batch`, and their rewards.
+    /// [`sample_order`]), in chunks of `rollout_batch`, and their rewards; `None` when `stop` was
+    /// set before a chunk (the epoch is abandoned: nothing it drew is kept).
     pub(crate) fn collect(
         &self,
         epoch: usize,
         prompts: &[Prompt],
         rows: Range<usize>,
         observer: &mut dyn Observer,
-    ) -> Result<Batch<B>> {
+    ) -> Result<Option<Batch<B>>> {
         let cfg = self.config;
         let device = self.policy.devices()[0].clone();
         let mut seconds = PhaseSeconds::default();
@@ -140,6 +144,9 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
         let mut reward_terms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         observer.phase(epoch, Phase::Rollouts, rows.len());
         for start in rows.clone().step_by(cfg.rollout_batch) {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
             let chunk_rows: Vec<usize> =
                 (start..(start + cfg.rollout_batch).min(rows.end)).collect();
             let ids: Vec<usize> = chunk_rows.iter().map(|&i| prompt_ids[i]).collect();
@@ -166,7 +173,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             }
             observer.advance(chunk_rows.len());
         }
-        Ok(Batch {
+        Ok(Some(Batch {
             rows,
             states: states.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
             old_log_probs: old.into_iter().map(|s| Tensor::cat(s, 0)).collect(),
@@ -177,7 +184,7 @@ impl<B: Backend, P: TextToImage<B>> Collector<'_, B, P> {
             nfe,
             reward_terms,
             seconds,
-        })
+        }))
     }
 
     /// One chunk's rollout, its reward rows, the reward terms of its final images and its

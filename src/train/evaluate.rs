@@ -2,6 +2,7 @@
 //! reward and the first image of each prompt.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::prelude::*;
 
@@ -27,6 +28,8 @@ pub(crate) struct Evaluator<'a, B: Backend, P: TextToImage<B>> {
     pub reward: &'a dyn Reward,
     /// Measured beside the reward.
     pub report: Option<&'a dyn Report>,
+    /// Set to stop: read before each chunk.
+    pub stop: &'a AtomicBool,
 }
 
 /// What an evaluation measured.
@@ -43,8 +46,9 @@ pub struct Evaluation {
 impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
     /// Mean reward and report of `eval_steps`-step guided ODE samples of `prompts`,
     /// `eval_images_per_prompt` per prompt from fixed seeds (image `j` of prompt `i` has the
-    /// seed of item `j * len + i`), and the first image of each prompt.
-    pub(crate) fn evaluate(&self, prompts: &[Prompt]) -> Result<Evaluation> {
+    /// seed of item `j * len + i`), and the first image of each prompt; `None` when `stop` was
+    /// set before a chunk.
+    pub(crate) fn evaluate(&self, prompts: &[Prompt]) -> Result<Option<Evaluation>> {
         let cfg = self.config;
         let device = self.model.devices()[0].clone();
         let empty = self.pipeline.encode(&[""])?;
@@ -54,6 +58,9 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
         let (mut scores, mut images) = (Vec::new(), Vec::new());
         let mut tallies: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for (c, chunk) in prompts.chunks(chunk_size).enumerate() {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
             // Each chunk is encoded once and sampled with every image's seed.
             let texts: Vec<&str> = chunk.iter().map(|p| p.text.as_str()).collect();
             let cond = self.pipeline.encode(&texts)?;
@@ -97,6 +104,6 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
             .filter(|(_, (_, made))| *made > 0.0)
             .map(|(name, (passed, made))| (name, passed / made))
             .collect();
-        Ok(Evaluation { reward, report, images })
+        Ok(Some(Evaluation { reward, report, images }))
     }
 }

@@ -110,13 +110,15 @@ where
                     }
                     let mut trainer = build(replica, &device)?.with_replica(replica);
                     let history = match lead_observer {
-                        Some(mut observer) => trainer.train(&mut observer)?,
-                        None => trainer.train(&mut Silent)?,
+                        Some(mut observer) => trainer.train(&mut observer),
+                        None => trainer.train(&mut Silent),
                     };
-                    if size > 1 {
+                    // A stop is agreed by every replica: they leave the collective together.
+                    let agreed = matches!(history, Ok(_) | Err(Error::Stopped { .. }));
+                    if size > 1 && agreed {
                         replica.finish::<B::InnerBackend>()?;
                     }
-                    Ok(history)
+                    history
                 };
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
                     .unwrap_or_else(|panic| {
@@ -133,6 +135,7 @@ where
     }
     drop(done);
     let mut history = None;
+    let mut stopped = None;
     for _ in 0..size / node_count {
         let (d, result) = results.recv().map_err(|_| Error::Replica {
             rank: first,
@@ -141,6 +144,13 @@ where
         match result {
             Ok(h) if d == 0 => history = Some(h),
             Ok(_) => {}
+            // Every replica stops at the same point; the lead may still be writing the
+            // checkpoint: wait for all of them.
+            Err(e @ Error::Stopped { .. }) => {
+                if d == 0 || stopped.is_none() {
+                    stopped = Some(e);
+                }
+            }
             Err(e) => {
                 reset_collective::<B::InnerBackend>();
                 let deadline = std::time::Instant::now() + STOP_WAIT;
@@ -152,6 +162,9 @@ where
                 return Err(e);
             }
         }
+    }
+    if let Some(stopped) = stopped {
+        return Err(stopped);
     }
     history.ok_or_else(|| Error::Replica { rank: first, message: "no metrics".into() })
 }
@@ -284,7 +297,7 @@ mod tests {
         let mut t = toy::trainer::<TrainBackend>(config(), Box::new(ToyAlignment), out, &device)
             .unwrap()
             .with_replica(replica);
-        let mut batch = t.collect(1, &mut Silent).unwrap();
+        let mut batch = t.collect(1, &mut Silent).unwrap().expect("not stopped");
         let credit = t.credit(&mut batch).unwrap();
         let steps = t.step_samples(&credit, 1);
         let cfg = t.config().clone();

@@ -89,6 +89,16 @@ impl Replica {
             .collect())
     }
 
+    /// Whether `local` holds on any replica (every replica gets the same answer; a collective
+    /// that every replica must reach).
+    pub(crate) fn any<B: Backend>(&self, local: bool, device: &B::Device) -> Result<bool> {
+        if self.size == 1 {
+            return Ok(local);
+        }
+        let all = self.all_gather::<B>(&[f64::from(u8::from(local))], device)?;
+        Ok(all.iter().any(|v| v.first().is_some_and(|&x| x != 0.0)))
+    }
+
     /// The sum over replicas of `values` placed at `offset` of a zero vector of `len` values,
     /// exact (see [`Replica::all_gather`]).
     fn sum_disjoint<B: Backend>(

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -67,6 +69,10 @@ pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     replica: Replica,
     /// Whether [`Trainer::resume`] accepts another reward or prompt set than the checkpoint's.
     allow_task_change: bool,
+    /// Set to stop the run ([`Trainer::stopping_on`]).
+    stop: Arc<AtomicBool>,
+    /// Whether the state came from a checkpoint (the output folder holds this run).
+    resumed: bool,
 }
 
 /// SHA-256 (hex) of the prompts, each as its JSON (text and metadata), training then held-out.
@@ -143,6 +149,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             out_dir: out_dir.as_ref().to_path_buf(),
             replica: Replica::SINGLE,
             allow_task_change: false,
+            stop: Arc::new(AtomicBool::new(false)),
+            resumed: false,
         })
     }
 
@@ -184,6 +192,18 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         self
     }
 
+    /// This trainer, stopping when `stop` is set (by a signal handler, say): before the next
+    /// rollout chunk, abandoning the epoch's rollouts (nothing has changed yet), or, once the
+    /// epoch's updates have begun, when they end (skipping that epoch's evaluation, which is
+    /// also cut short by a stop). It then writes a checkpoint of the last completed epoch and
+    /// returns [`Error::Stopped`]; resuming from that checkpoint gives the run an uninterrupted
+    /// one would have. Replicas of a data-parallel run agree before stopping (give every replica
+    /// the same flag).
+    pub fn stopping_on(mut self, stop: Arc<AtomicBool>) -> Self {
+        self.stop = stop;
+        self
+    }
+
     /// This trainer as replica `replica` of a data-parallel run (see [`super::parallel`]).
     pub fn with_replica(mut self, replica: Replica) -> Self {
         self.replica = replica;
@@ -206,10 +226,23 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
 
     /// Runs one epoch: collection, credit, update; returns its metrics (without evaluation).
     pub fn run_epoch(&mut self, observer: &mut dyn Observer) -> Result<EpochMetrics> {
+        match self.try_epoch(observer)? {
+            Some(metrics) => Ok(metrics),
+            None => Err(self.stop_here()?),
+        }
+    }
+
+    /// [`Trainer::run_epoch`], or `None` when a replica was asked to stop during the rollouts
+    /// (every replica abandons the epoch; nothing has changed).
+    fn try_epoch(&mut self, observer: &mut dyn Observer) -> Result<Option<EpochMetrics>> {
         let started = Instant::now();
         let epoch = self.epoch + 1;
-        let mut batch = self.collect(epoch, observer)?;
-        let device = batch.states[0].device();
+        let batch = self.collect(epoch, observer)?;
+        let device = self.model.devices()[0].clone();
+        if self.replica.any::<B::InnerBackend>(batch.is_none(), &device)? {
+            return Ok(None);
+        }
+        let mut batch = batch.expect("collected: no replica stopped");
         let mut seconds = batch.seconds;
         let (credit, updates) =
             timed::<B::InnerBackend, _>(&mut seconds.update, &device, "update", || {
@@ -226,7 +259,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             reward_terms.insert(name.clone(), mean);
         }
         let noise = GradientNoise::mean(&updates.noise);
-        Ok(EpochMetrics {
+        Ok(Some(EpochMetrics {
             epoch,
             objective: self.config.objective.objective.name().into(),
             reward_mean,
@@ -243,7 +276,25 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             seconds: started.elapsed().as_secs_f64(),
             phase_seconds: seconds,
             ..EpochMetrics::default()
-        })
+        }))
+    }
+
+    /// Whether any replica was asked to stop (every replica gets the same answer).
+    fn stop_agreed(&self) -> Result<bool> {
+        let device = self.model.devices()[0].clone();
+        self.replica.any::<B::InnerBackend>(self.stop.load(Ordering::Relaxed), &device)
+    }
+
+    /// The checkpoint of the last completed epoch (the lead writes it unless it is the latest
+    /// already) as the [`Error::Stopped`] that ends the run.
+    fn stop_here(&self) -> Result<Error> {
+        let written = checkpoint::latest(&self.out_dir).ok();
+        let dir = checkpoint::dir_of(&self.out_dir, self.epoch);
+        let current = written.as_ref().is_some_and(|d| d == &dir);
+        if self.replica.is_lead() && !current {
+            self.save_checkpoint()?;
+        }
+        Ok(Error::Stopped { epoch: self.epoch, checkpoint: dir })
     }
 
     /// The collection phase: rollouts of this replica's share of epoch `epoch` with the
@@ -252,7 +303,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         &self,
         epoch: usize,
         observer: &mut dyn Observer,
-    ) -> Result<Batch<B::InnerBackend>> {
+    ) -> Result<Option<Batch<B::InnerBackend>>> {
         let policy = self.model.valid();
         let prompts = epoch_prompts(&self.task.train_prompts, &self.config, epoch);
         let collector = Collector {
@@ -260,6 +311,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             policy: &policy,
             pipeline: &self.task.pipeline,
             reward: self.task.reward.as_ref(),
+            stop: &self.stop,
         };
         let rows = self.replica.share(self.config.prompts_per_epoch * self.config.group_size);
         collector.collect(epoch, &prompts, rows, observer)
@@ -397,6 +449,12 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// The held-out evaluation with the EMA adapters (`eval_prompts` of the held-out prompts,
     /// 0: all).
     pub fn evaluate(&self) -> Result<Evaluation> {
+        let never = AtomicBool::new(false);
+        Ok(self.evaluate_unless(&never)?.expect("never stopped"))
+    }
+
+    /// [`Trainer::evaluate`], or `None` when `stop` is set before a chunk.
+    fn evaluate_unless(&self, stop: &AtomicBool) -> Result<Option<Evaluation>> {
         let cfg = &self.config;
         let model = self.ema_model()?;
         let count = match cfg.eval_prompts {
@@ -409,6 +467,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             pipeline: &self.task.pipeline,
             reward: self.task.reward.as_ref(),
             report: self.task.report.as_deref(),
+            stop,
         };
         evaluator.evaluate(&self.task.eval_prompts[..count])
     }
@@ -446,9 +505,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// Restores the latest checkpoint of the output folder (its settings must equal these but
-    /// for `epochs`) and drops metrics lines of later epochs.
+    /// for the [resumable ones](TrainConfig::resume_conflicts)) and drops metrics lines of
+    /// later epochs.
     pub fn resume(&mut self) -> Result<()> {
-        let dir = checkpoint::latest(&self.out_dir)?;
+        self.resume_from(checkpoint::latest(&self.out_dir)?)
+    }
+
+    /// [`Trainer::resume`] from the checkpoint folder `dir` (any `checkpoints/epoch-NNNNN`,
+    /// also of another run folder of the same task); later checkpoints of this run's folder are
+    /// replaced as the run reaches them.
+    pub fn resume_from(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = checkpoint::check_dir(dir.as_ref())?;
         let checkpoint::Checkpoint { state, lora, ema, moments } =
             checkpoint::load::<B::InnerBackend>(&dir, &self.model.devices()[0])?;
         let mut problems = self.config.resume_conflicts(&state.config);
@@ -499,6 +566,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         self.optimizer.moments = moments;
         self.optimizer.step = state.optimizer_step;
         self.epoch = state.epoch;
+        self.resumed = true;
         if !self.replica.is_lead() {
             return Ok(());
         }
@@ -514,7 +582,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     pub fn train(&mut self, observer: &mut dyn Observer) -> Result<Vec<EpochMetrics>> {
         let cfg = self.config.clone();
         let lead = self.replica.is_lead();
-        let start = if self.epoch > 0 { run_dir::Start::Resume } else { run_dir::Start::Fresh };
+        let resumed = self.resumed || self.epoch > 0;
+        let start = if resumed { run_dir::Start::Resume } else { run_dir::Start::Fresh };
         let metrics_path = self.out_dir.join("metrics.jsonl");
         let mut history = Vec::new();
         // The lead holds the output folder for the whole run (shared with a claim the program
@@ -523,9 +592,13 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         if lead {
             history = read_metrics(&metrics_path)?;
         }
-        if lead && self.epoch == 0 && cfg.eval_every > 0 {
+        // (A run stopped before its first epoch ended resumes with its first evaluation done.)
+        let evaluated = history.iter().any(|m| m.epoch == 0);
+        if lead && self.epoch == 0 && cfg.eval_every > 0 && !evaluated {
             observer.phase(0, Phase::Evaluation, 0);
-            let eval = self.evaluate()?;
+            let Some(eval) = self.evaluate_unless(&self.stop)? else {
+                return Err(self.stop_here()?);
+            };
             self.save_samples(0, &eval.images)?;
             let start = EpochMetrics {
                 objective: cfg.objective.objective.name().into(),
@@ -539,13 +612,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             observer.epoch(&history[0], &history)?;
         }
         while self.epoch < cfg.epochs {
-            let mut m = self.run_epoch(observer)?;
+            let Some(mut m) = self.try_epoch(observer)? else {
+                return Err(self.stop_here()?);
+            };
             let last = self.epoch == cfg.epochs;
             if lead && cfg.eval_every > 0 && (self.epoch.is_multiple_of(cfg.eval_every) || last) {
                 observer.phase(self.epoch, Phase::Evaluation, 0);
-                let eval = self.evaluate()?;
-                self.save_samples(self.epoch, &eval.images)?;
-                (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
+                // Stopped during the evaluation: the epoch is logged without it.
+                if let Some(eval) = self.evaluate_unless(&self.stop)? {
+                    self.save_samples(self.epoch, &eval.images)?;
+                    (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
+                }
             }
             m.wall_time = wall_time();
             if lead {
@@ -557,6 +634,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             history.push(m);
             if let Some(m) = history.last() {
                 observer.epoch(m, &history)?;
+            }
+            if self.stop_agreed()? {
+                return Err(self.stop_here()?);
             }
         }
         Ok(history)

@@ -738,3 +738,84 @@ fn keep_checkpoints_prunes_the_oldest_and_the_run_resumes() {
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), "epoch-00004");
 }
+
+/// Preemption (issue 36, item 5), as a cluster does it: SIGTERM mid-run makes `train_sd3` write
+/// the checkpoint of the last completed epoch and exit with status 75; `--resume` then ends
+/// where a run never stopped ends (the same state file, byte for byte), and so does
+/// `--resume PATH` from an older checkpoint. Two signals in a row end the process at once with
+/// the shell's status for a signal, leaving every checkpoint complete.
+#[cfg(unix)]
+#[test]
+fn a_signalled_run_checkpoints_and_resumes_to_the_uninterrupted_result() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let run = |out: &std::path::Path, extra: &[&str]| {
+        let mut cmd = Command::new(common::example_binary("train_sd3"));
+        cmd.arg("--out").arg(out).args(["--no-progress"]).args(extra);
+        for s in TINY_TOY_RUN {
+            cmd.args(["--set", s]);
+        }
+        cmd
+    };
+    let latest_epoch = |out: &std::path::Path| -> usize {
+        std::fs::read_to_string(out.join("checkpoints/latest"))
+            .ok()
+            .and_then(|n| n.trim().strip_prefix("epoch-").and_then(|e| e.parse().ok()))
+            .unwrap_or(0)
+    };
+    let wait_for_epoch = |out: &std::path::Path, epoch: usize| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while latest_epoch(out) < epoch {
+            assert!(Instant::now() < deadline, "no checkpoint of epoch {epoch} in 2 minutes");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let signal = |pid: u32, script: &str| {
+        let script = script.replace("PID", &pid.to_string());
+        assert!(Command::new("sh").arg("-c").arg(script).status().unwrap().success());
+    };
+
+    let out = common::scratch("rel-signal");
+    let mut child = run(&out, &["--set", "epochs=100000"]).stdout(Stdio::piped()).spawn().unwrap();
+    wait_for_epoch(&out, 2);
+    signal(child.id(), "kill -TERM PID");
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(status.code(), Some(75), "{stdout}");
+    let stopped = latest_epoch(&out);
+    assert!(stdout.contains(&format!("stopped after epoch {stopped}")), "{stdout}");
+    let end = format!("epochs={}", stopped + 2);
+    let o = run(&out, &["--resume", "--set", &end]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let straight = common::scratch("rel-signal-straight");
+    let o = run(&straight, &["--set", &end]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let state = |dir: &std::path::Path| {
+        let name = format!("checkpoints/epoch-{:05}/state.safetensors", stopped + 2);
+        std::fs::read(dir.join(name)).unwrap()
+    };
+    assert!(state(&out) == state(&straight), "the resumed run ends elsewhere");
+
+    // --resume PATH: back to epoch 1 of the same folder, and on to the same end.
+    let one = out.join("checkpoints/epoch-00001");
+    let o = run(&out, &["--resume", one.to_str().unwrap(), "--set", &end]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resumed after epoch 1"));
+    assert!(state(&out) == state(&straight), "resuming from epoch 1 ends elsewhere");
+    let o = run(&out, &["--resume", out.join("nothing").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("nothing") && err.contains("does not exist"));
+
+    // A second signal: at once, with the shell's status for the signal.
+    let twice = common::scratch("rel-signal-twice");
+    let mut child = run(&twice, &["--set", "epochs=100000"]).stdout(Stdio::null()).spawn().unwrap();
+    wait_for_epoch(&twice, 2);
+    signal(child.id(), "kill -INT PID; kill -TERM PID");
+    let code = child.wait().unwrap().code();
+    assert!(matches!(code, Some(130 | 143)), "exit status {code:?}");
+    let last = latest_epoch(&twice);
+    let o = run(&twice, &["--resume", "--set", &format!("epochs={}", last + 1)]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -389,3 +389,79 @@ fn updates_move_the_reward_up() {
         assert!(after > before + 0.01, "{objective}: brightness {before:.4} -> {after:.4}");
     }
 }
+
+/// Sets a stop flag when the run reaches `phase` of `epoch` (after `advances` progress reports
+/// of it), as a signal handler would.
+struct StopAt {
+    epoch: usize,
+    phase: Phase,
+    advances: usize,
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    armed: bool,
+}
+
+impl Observer for StopAt {
+    fn phase(&mut self, epoch: usize, phase: Phase, _total: usize) {
+        self.armed = (epoch, phase) == (self.epoch, self.phase);
+        if self.armed && self.advances == 0 {
+            self.flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn advance(&mut self, _done: usize) {
+        if self.armed {
+            self.advances = self.advances.saturating_sub(1);
+            if self.advances == 0 {
+                self.flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// A stop at any point (before the first evaluation ends, before or between an epoch's rollout
+/// chunks, during its updates, during an evaluation) writes the checkpoint of the last completed
+/// epoch and resumes to the adapters, EMA and metrics of a run never stopped (a stop once an
+/// epoch's updates began skips that epoch's evaluation: the one line missing held-out values).
+#[test]
+fn a_stopped_run_resumes_to_the_uninterrupted_result() {
+    let straight = common::scratch("stop-straight");
+    let mut a = trainer(config(3, "tp-grpo"), &straight);
+    a.train(&mut Silent).unwrap();
+    let read = |dir: &Path| tpgrpo::train::read_metrics(&dir.join("metrics.jsonl")).unwrap();
+    let expected = without_time(&read(&straight));
+    // (stop point, advances into it, epochs completed at the stop)
+    let cases = [
+        (0, Phase::Evaluation, 0, 0),
+        (2, Phase::Rollouts, 0, 1),
+        (2, Phase::Rollouts, 1, 1),
+        (2, Phase::Updates, 1, 2),
+        (2, Phase::Evaluation, 0, 2),
+    ];
+    for (epoch, phase, advances, done) in cases {
+        let out = common::scratch("stop-resumed");
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut stopper = StopAt { epoch, phase, advances, flag: flag.clone(), armed: false };
+        let mut t = trainer(config(3, "tp-grpo"), &out).stopping_on(flag);
+        let case = format!("stop at {phase:?} of epoch {epoch} after {advances}");
+        match t.train(&mut stopper) {
+            Err(tpgrpo::Error::Stopped { epoch, checkpoint }) => {
+                assert_eq!(epoch, done, "{case}");
+                assert_eq!(checkpoint, out.join(format!("checkpoints/epoch-{done:05}")), "{case}");
+                assert!(checkpoint.join("trainer_state.json").is_file(), "{case}");
+            }
+            other => panic!("{case}: expected a stop, got {other:?}"),
+        }
+        let mut b = trainer(config(3, "tp-grpo"), &out);
+        b.resume().unwrap();
+        assert_eq!(b.epoch(), done, "{case}");
+        b.train(&mut Silent).unwrap();
+        assert_eq!(factors(&a), factors(&b), "{case}: adapters or EMA differ");
+        let mut lines = without_time(&read(&out));
+        // A stop during epoch 2's updates or evaluation skips that evaluation.
+        if done == 2 {
+            assert_eq!(lines[epoch].eval_reward, None, "{case}");
+            lines[epoch].eval_reward = expected[epoch].eval_reward;
+            lines[epoch].eval_report = expected[epoch].eval_report.clone();
+        }
+        assert_eq!(lines, expected, "{case}: metrics differ");
+    }
+}
