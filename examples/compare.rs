@@ -16,7 +16,7 @@ use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy;
 use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Observer};
-use tpgrpo::train::{save_chart, Series};
+use tpgrpo::train::{objective_color, objective_label, save_chart, Chart, Series};
 
 /// Command-line options.
 #[derive(Parser, Debug)]
@@ -100,13 +100,14 @@ fn mean_curve(runs: &[Run]) -> Vec<(f64, f64)> {
 }
 
 fn run(args: Args) -> tpgrpo::Result<()> {
-    let objectives = [("tp-grpo", [220u8, 60, 40]), ("flow-grpo", [50, 90, 220])];
+    let objectives = ["tp-grpo", "flow-grpo"];
     let mut table = String::from(
         "| objective | seed | held-out before | held-out after | change | rule-based score | colour / count / shape / relation checks | NFE / sample | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut series = Vec::new();
     let mut summary = Vec::new();
-    for (objective, color) in objectives {
+    for objective in objectives {
+        let (color, name) = (objective_color(objective), objective_label(objective));
         let mut runs = Vec::new();
         for &seed in &args.seeds {
             say!("{objective}, seed {seed}");
@@ -123,9 +124,12 @@ fn run(args: Args) -> tpgrpo::Result<()> {
                 r.noise_scale.map_or("not resolved".into(), |b| format!("{b:.0}"))
             )
             .expect("string");
-            let faint = color.map(|c| c / 2 + 127);
+            // Each seed in a light tint of the objective's colour, in the legend once.
+            let tint = color.map(|c| c / 3 + 170);
             series.push(Series {
-                color: faint,
+                label: if runs.is_empty() { format!("{name}, each seed") } else { String::new() },
+                color: tint,
+                dashed: false,
                 points: r.evals.iter().map(|&(e, v)| (e as f64, v)).collect(),
             });
             runs.push(r);
@@ -136,13 +140,20 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | | | | |",
             last - first
         ));
-        series.push(Series { color, points: curve });
+        let label = format!("{name}, mean of {} seeds", runs.len());
+        series.push(Series { label, color, dashed: false, points: curve });
     }
     for line in summary {
         writeln!(table, "{line}").expect("string");
     }
     std::fs::create_dir_all(&args.out).map_err(|e| tpgrpo::Error::io(&args.out, e))?;
-    save_chart(&args.out.join("compare.png"), &series)?;
+    let chart = Chart {
+        title: format!("Held-out reward, TP-GRPO vs Flow-GRPO ({} seeds)", args.seeds.len()),
+        x_label: "epoch".into(),
+        y_label: "held-out reward (mean over prompts)".into(),
+        series,
+    };
+    save_chart(&args.out.join("compare.png"), &chart)?;
     first_last(&args)?;
     let path = args.out.join("results.md");
     std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;

@@ -57,6 +57,10 @@ pub struct TrainConfig {
     /// (never the one just written, which `latest` names); 0 keeps every checkpoint.
     #[config(default = 0)]
     pub keep_checkpoints: usize,
+    /// Write TensorBoard event files (`tensorboard/` in the output folder): every metric per
+    /// epoch and the held-out grid.
+    #[config(default = false)]
+    pub tensorboard: bool,
     /// Seed of prompt choice and every noise draw.
     #[config(default = 0)]
     pub seed: u64,
@@ -102,10 +106,11 @@ fn err(field: &str, message: impl Into<String>) -> crate::Error {
 /// Settings a resumed run may change: they decide how long it runs and what it writes and
 /// evaluates and on how many devices, not the training trajectory (every draw derives from the
 /// seed and the epoch).
-pub(crate) const RESUMABLE_CHANGES: [&str; 8] = [
+pub(crate) const RESUMABLE_CHANGES: [&str; 9] = [
     "epochs",
     "save_every",
     "keep_checkpoints",
+    "tensorboard",
     "eval_every",
     "eval_steps",
     "eval_prompts",
@@ -116,7 +121,7 @@ pub(crate) const RESUMABLE_CHANGES: [&str; 8] = [
 impl TrainConfig {
     /// The settings that differ from `saved` and would break an exact resume, each as
     /// `` `field` was X, now Y `` (every field but `epochs`, `eval_every`, `eval_steps`, `eval_prompts`,
-    /// `eval_images_per_prompt`, `save_every`, `keep_checkpoints` and `devices`).
+    /// `eval_images_per_prompt`, `save_every`, `keep_checkpoints`, `tensorboard` and `devices`).
     pub fn resume_conflicts(&self, saved: &TrainConfig) -> Vec<String> {
         let flat = |c: &TrainConfig| {
             overrides::leaves(&serde_json::to_value(c).expect("settings serialise"))

@@ -41,6 +41,8 @@ pub struct Evaluation {
     pub report: BTreeMap<String, f64>,
     /// The first image of each prompt.
     pub images: Vec<Image>,
+    /// The reward of each image of `images`.
+    pub image_rewards: Vec<f64>,
 }
 
 impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
@@ -55,7 +57,7 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
         let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
         let chunk_size = cfg.rollout_batch.saturating_mul(4);
-        let (mut scores, mut images) = (Vec::new(), Vec::new());
+        let (mut scores, mut images, mut image_rewards) = (Vec::new(), Vec::new(), Vec::new());
         let mut tallies: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for (c, chunk) in prompts.chunks(chunk_size).enumerate() {
             if self.stop.load(Ordering::Relaxed) {
@@ -83,7 +85,11 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
                         &format!("evaluation image {i} of the chunk"),
                     )?;
                 }
-                scores.extend(score_checked(self.reward, &imgs, chunk)?);
+                let chunk_scores = score_checked(self.reward, &imgs, chunk)?;
+                if j == 0 {
+                    image_rewards.extend(chunk_scores.iter().copied());
+                }
+                scores.extend(chunk_scores);
                 for (name, passed, made) in
                     self.report.map_or(Ok(vec![]), |r| r.tally(&imgs, chunk))?
                 {
@@ -104,6 +110,6 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
             .filter(|(_, (_, made))| *made > 0.0)
             .map(|(name, (passed, made))| (name, passed / made))
             .collect();
-        Ok(Some(Evaluation { reward, report, images }))
+        Ok(Some(Evaluation { reward, report, images, image_rewards }))
     }
 }

@@ -15,6 +15,7 @@ pub mod parallel;
 pub(crate) mod plot;
 pub(crate) mod replica;
 pub mod run_dir;
+pub(crate) mod tensorboard;
 pub(crate) mod trainer;
 pub(crate) mod update;
 
@@ -26,6 +27,8 @@ pub use metrics::{noise_scale, read_metrics, EpochMetrics, PhaseSeconds};
 pub use noise_scale::GradientNoise;
 pub use observe::{Observer, Phase, Silent};
 pub use optim::AdamWConfig;
-pub use plot::{save_chart, save_reward_curve, Series};
+pub use plot::{objective_color, objective_label, reward_series, save_chart, save_reward_curve};
+pub use plot::{save_captioned_grid, Chart, Series};
 pub use replica::Replica;
+pub use tensorboard::{read_scalars, scalars, Scalar};
 pub use trainer::{Task, Trainer};

@@ -20,15 +20,17 @@ use super::metrics::{append_metrics, read_metrics, timed, wall_time, write_metri
 use super::noise_scale::GradientNoise;
 use super::observe::{Observer, Phase};
 use super::optim::AdamW;
+use super::plot::save_captioned_grid;
 use super::replica::Replica;
 use super::run_dir;
+use super::tensorboard::EventWriter;
 use super::update::{
     complete, micro_batches, optimizer_step, Gradients, StepGradient, StepLosses, UpdateStats,
 };
 use crate::error::{Error, Result};
 use crate::finite::no_overflow;
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
-use crate::image::{save_grid, Image};
+
 use crate::model::precision::cast_params;
 use crate::model::MMDiT;
 use crate::prompts::Prompt;
@@ -592,6 +594,13 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         if lead {
             history = read_metrics(&metrics_path)?;
         }
+        let mut events = match lead && cfg.tensorboard {
+            true => Some(EventWriter::create(
+                &self.out_dir.join("tensorboard"),
+                resumed.then_some(self.epoch),
+            )?),
+            false => None,
+        };
         // (A run stopped before its first epoch ended resumes with its first evaluation done.)
         let evaluated = history.iter().any(|m| m.epoch == 0);
         if lead && self.epoch == 0 && cfg.eval_every > 0 && !evaluated {
@@ -599,7 +608,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             let Some(eval) = self.evaluate_unless(&self.stop)? else {
                 return Err(self.stop_here()?);
             };
-            self.save_samples(0, &eval.images)?;
+            let grid = self.save_samples(0, &eval)?;
             let start = EpochMetrics {
                 objective: cfg.objective.objective.name().into(),
                 eval_reward: Some(eval.reward),
@@ -608,6 +617,9 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 ..EpochMetrics::default()
             };
             append_metrics(&metrics_path, &start)?;
+            if let Some(events) = events.as_mut() {
+                events.epoch(&start, Some(&grid))?;
+            }
             history = vec![start];
             observer.epoch(&history[0], &history)?;
         }
@@ -616,17 +628,21 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
                 return Err(self.stop_here()?);
             };
             let last = self.epoch == cfg.epochs;
+            let mut grid = None;
             if lead && cfg.eval_every > 0 && (self.epoch.is_multiple_of(cfg.eval_every) || last) {
                 observer.phase(self.epoch, Phase::Evaluation, 0);
                 // Stopped during the evaluation: the epoch is logged without it.
                 if let Some(eval) = self.evaluate_unless(&self.stop)? {
-                    self.save_samples(self.epoch, &eval.images)?;
+                    grid = Some(self.save_samples(self.epoch, &eval)?);
                     (m.eval_reward, m.eval_report) = (Some(eval.reward), eval.report);
                 }
             }
             m.wall_time = wall_time();
             if lead {
                 append_metrics(&metrics_path, &m)?;
+                if let Some(events) = events.as_mut() {
+                    events.epoch(&m, grid.as_ref())?;
+                }
                 if (cfg.save_every > 0 && self.epoch.is_multiple_of(cfg.save_every)) || last {
                     self.save_checkpoint()?;
                 }
@@ -642,9 +658,18 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         Ok(history)
     }
 
-    fn save_samples(&self, epoch: usize, images: &[Image]) -> Result<()> {
+    /// `samples/epoch-NNNNN.png`: the first 64 held-out prompts' first images, each captioned
+    /// with its prompt and reward.
+    fn save_samples(&self, epoch: usize, eval: &Evaluation) -> Result<PathBuf> {
         let dir = self.out_dir.join("samples");
-        let shown = &images[..images.len().min(64)];
-        save_grid(&dir.join(format!("epoch-{epoch:05}.png")), shown, 8, 4)
+        let shown = eval.images.len().min(64);
+        let captions: Vec<(String, f64)> = self.task.eval_prompts[..shown]
+            .iter()
+            .zip(&eval.image_rewards)
+            .map(|(p, &r)| (p.text.clone(), r))
+            .collect();
+        let path = dir.join(format!("epoch-{epoch:05}.png"));
+        save_captioned_grid(&path, &eval.images[..shown], &captions, 8, 4)?;
+        Ok(path)
     }
 }

@@ -465,3 +465,35 @@ fn a_stopped_run_resumes_to_the_uninterrupted_result() {
         assert_eq!(lines, expected, "{case}: metrics differ");
     }
 }
+
+/// With `tensorboard` set, the event file holds every epoch's scalars (checksums verified on
+/// reading) equal to the metrics lines as f32; the format itself is checked by TensorBoard's
+/// reader in `tests/fixtures/check_tensorboard.py`.
+#[test]
+fn tensorboard_events_hold_the_metrics() {
+    let out = common::scratch("tensorboard");
+    let mut cfg = config(2, "tp-grpo");
+    cfg.tensorboard = true;
+    trainer(cfg, &out).train(&mut Silent).unwrap();
+    let files: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("events.out.tfevents."))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let read = tpgrpo::train::read_scalars(&files[0]).unwrap();
+    let lines = tpgrpo::train::read_metrics(&out.join("metrics.jsonl")).unwrap();
+    let expected: Vec<tpgrpo::train::Scalar> = lines
+        .iter()
+        .flat_map(|m| {
+            tpgrpo::train::scalars(m).into_iter().map(|(tag, v)| tpgrpo::train::Scalar {
+                step: m.epoch as i64,
+                tag,
+                value: v as f32,
+            })
+        })
+        .collect();
+    assert_eq!(read, expected);
+    assert!(read.iter().any(|s| s.tag == "reward/held-out" && s.step == 2));
+    assert!(read.iter().any(|s| s.tag == "loss/ratio_mean" && s.step == 1));
+}
