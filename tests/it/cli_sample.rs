@@ -108,15 +108,8 @@ fn sample_and_merge_apply_a_trained_adapter() {
     let o = merge(&merged);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let inputs = tpgrpo::weights::WeightFiles::open(lora.join("expected.safetensors")).unwrap();
-    let out = MMDiT::<B>::load(&merged, &common::device())
-        .unwrap()
-        .forward(
-            common::tensor(&inputs, "hidden_states"),
-            common::tensor(&inputs, "timestep"),
-            common::tensor(&inputs, "encoder_hidden_states"),
-            common::tensor(&inputs, "pooled_projections"),
-        )
-        .unwrap();
+    let merged_model = MMDiT::<B>::load(&merged, &common::device()).unwrap();
+    let out = common::mmdit_forward(&merged_model, &inputs);
     let (diff, scale) = common::max_diff(out, common::tensor::<4>(&inputs, "merged"));
     assert!(diff <= 1e-5 * scale.max(1.0), "merged: max|diff| {diff:e}");
     let o = merge(&merged);

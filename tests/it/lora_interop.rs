@@ -61,14 +61,7 @@ fn write_fixture_adapter() {
 
 fn forward(model: &MMDiT<B>) -> Tensor<B, 4> {
     let inputs = WeightFiles::open(fixtures().join("expected.safetensors")).unwrap();
-    model
-        .forward(
-            common::tensor(&inputs, "hidden_states"),
-            common::tensor(&inputs, "timestep"),
-            common::tensor(&inputs, "encoder_hidden_states"),
-            common::tensor(&inputs, "pooled_projections"),
-        )
-        .unwrap()
+    common::mmdit_forward(model, &inputs)
 }
 
 /// Compares `model`'s output with the reference output `key` at 1e-5 of its magnitude.

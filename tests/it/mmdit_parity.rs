@@ -49,14 +49,7 @@ fn mmdit_matches_diffusers_on_every_case() {
             .unwrap_or_else(|e| panic!("{}: load failed: {e}", case.display()));
         let inputs = WeightFiles::open(case.join("inputs.safetensors")).unwrap();
         let expected = WeightFiles::open(case.join("expected.safetensors")).unwrap();
-        let out = model
-            .forward(
-                common::tensor(&inputs, "hidden_states"),
-                common::tensor(&inputs, "timestep"),
-                common::tensor(&inputs, "encoder_hidden_states"),
-                common::tensor(&inputs, "pooled_projections"),
-            )
-            .unwrap();
+        let out = common::mmdit_forward(&model, &inputs);
         let (diff, scale) = common::max_diff(out, common::tensor::<4>(&expected, "sample"));
         let tol = 1e-4 * scale.max(1.0);
         println!(

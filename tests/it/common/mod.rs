@@ -36,6 +36,19 @@ pub fn mmdit_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mmdit")
 }
 
+/// The MMDiT's output on a fixture's inputs (`hidden_states`, `timestep`,
+/// `encoder_hidden_states`, `pooled_projections`).
+pub fn mmdit_forward(model: &tpgrpo::model::MMDiT<B>, inputs: &WeightFiles) -> Tensor<B, 4> {
+    model
+        .forward(
+            tensor(inputs, "hidden_states"),
+            tensor(inputs, "timestep"),
+            tensor(inputs, "encoder_hidden_states"),
+            tensor(inputs, "pooled_projections"),
+        )
+        .unwrap()
+}
+
 /// Max |a - b| over two equally shaped tensors, and max |b|.
 pub fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> (f32, f32) {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
