@@ -1,9 +1,13 @@
 //! TP-GRPO against the Flow-GRPO baseline on the embedded toy task: the same seeds, prompts
-//! per epoch, epochs and optimizer steps for both, three seeds each. Writes one PNG with every
-//! held-out reward curve (TP-GRPO red, Flow-GRPO blue; pale lines per seed, saturated the mean),
-//! a Markdown table (held-out reward, the rule-based score and check pass rates before and
-//! after, each run's gradient noise scale), and `first-last.png`: the first and last
-//! evaluation grids of each objective's first seed side by side; prints the table.
+//! per epoch and optimizer steps for both, three seeds each, and either the same epochs or the
+//! same compute (`--budget-seconds`, `--budget-nfe`: each objective trains until it has spent
+//! that much, then evaluates once more). Writes the held-out reward curves against the epoch
+//! (`compare.png`), the training seconds (`compare-seconds.png`) and the transformer
+//! evaluations (`compare-nfe.png`) — TP-GRPO blue, Flow-GRPO orange; light lines per seed, full
+//! colour the mean — a Markdown table (held-out reward, the rule-based score and check pass
+//! rates before and after, epochs, NFE and seconds spent, each run's gradient noise scale), and
+//! `first-last.png`: the first and last evaluation grids of each objective's first seed side
+//! by side; prints the table.
 
 #[macro_use]
 #[path = "../src/cli/console.rs"]
@@ -11,11 +15,13 @@ mod console;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::Parser;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::toy;
-use tpgrpo::train::{noise_scale, run_dir, EpochMetrics, Observer};
+use tpgrpo::train::{noise_scale, read_metrics, run_dir, EpochMetrics, Observer};
 use tpgrpo::train::{objective_color, objective_label, save_chart, Chart, Series};
 
 /// Command-line options.
@@ -37,6 +43,45 @@ struct Args {
     /// Replace runs left in the output folder by an earlier comparison (else they are refused).
     #[arg(long)]
     overwrite: bool,
+    /// Train each run until its training epochs have taken this many seconds (instead of
+    /// the `epochs` setting, which then only bounds the run), then evaluate.
+    #[arg(long, conflicts_with = "budget_nfe")]
+    budget_seconds: Option<f64>,
+    /// Train each run until it has made this many transformer evaluations (rollouts and
+    /// completions of every sample; the `epochs` setting then only bounds the run), then
+    /// evaluate.
+    #[arg(long)]
+    budget_nfe: Option<f64>,
+}
+
+/// What a run may spend.
+#[derive(Clone, Copy, Debug)]
+enum Budget {
+    /// The `epochs` setting.
+    Epochs,
+    /// Seconds of training (evaluation excluded).
+    Seconds(f64),
+    /// Transformer evaluations.
+    Nfe(f64),
+}
+
+impl Budget {
+    fn of(args: &Args) -> Budget {
+        match (args.budget_seconds, args.budget_nfe) {
+            (Some(s), _) => Budget::Seconds(s),
+            (_, Some(n)) => Budget::Nfe(n),
+            _ => Budget::Epochs,
+        }
+    }
+
+    /// Whether a run that has spent `seconds` and `nfe` is done.
+    fn spent(&self, seconds: f64, nfe: f64) -> bool {
+        match *self {
+            Budget::Epochs => false,
+            Budget::Seconds(s) => seconds >= s,
+            Budget::Nfe(n) => nfe >= n,
+        }
+    }
 }
 
 fn main() {
@@ -45,15 +90,43 @@ fn main() {
     }
 }
 
-/// `(epoch, held-out reward)` of one run, the mean training reward of its last epoch, its NFE
-/// per sample and its seconds.
+/// One evaluation of a run: when (epoch, training seconds and transformer evaluations spent
+/// so far) and the held-out reward.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    epoch: usize,
+    seconds: f64,
+    nfe: f64,
+    reward: f64,
+}
+
+/// A run's evaluations, its first and last report, NFE per sample, what it spent and its
+/// gradient noise scale.
 struct Run {
-    evals: Vec<(usize, f64)>,
+    evals: Vec<Point>,
     /// The report of the first and the last evaluation.
     reports: [std::collections::BTreeMap<String, f64>; 2],
-    nfe: f64,
+    nfe_per_sample: f64,
+    epochs: usize,
     seconds: f64,
+    nfe: f64,
     noise_scale: Option<f64>,
+}
+
+/// The evaluations of `history` with the training seconds and NFE spent up to each.
+fn points(history: &[EpochMetrics], samples_per_epoch: f64) -> Vec<Point> {
+    let (mut seconds, mut nfe) = (0.0, 0.0);
+    let mut out = Vec::new();
+    for m in history {
+        if m.epoch > 0 {
+            seconds += m.seconds;
+            nfe += m.nfe_per_sample * samples_per_epoch;
+        }
+        if let Some(reward) = m.eval_reward {
+            out.push(Point { epoch: m.epoch, seconds, nfe, reward });
+        }
+    }
+    out
 }
 
 fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
@@ -64,6 +137,7 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
             .chain(args.sets.iter().cloned())
             .collect();
     let config = toy::train_config().with_sources(None, &sets)?;
+    let samples = (config.prompts_per_epoch * config.group_size) as f64;
     let out = args.out.join(format!("{objective}-seed{seed}"));
     let start = if args.overwrite { run_dir::Start::Overwrite } else { run_dir::Start::Fresh };
     // Held for this run (dropped at the end of the function).
@@ -72,39 +146,76 @@ fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
         say!("{}: took over from process {pid}, which ended without releasing it", out.display());
     }
     let reward = toy::reward(&args.reward)?;
-    let mut trainer = toy::trainer::<TrainBackend>(config, reward, &out, &device)?;
-    let mut progress = HeldOut { label: format!("{objective} seed {seed}") };
-    let history: Vec<EpochMetrics> = trainer.train(&mut progress)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut trainer =
+        toy::trainer::<TrainBackend>(config, reward, &out, &device)?.stopping_on(stop.clone());
+    let budget = Budget::of(args);
+    let label = format!("{objective} seed {seed}");
+    let mut progress = Progress { label, budget, samples, spent: (0.0, 0.0), stop };
+    let metrics = out.join("metrics.jsonl");
+    let mut history: Vec<EpochMetrics> = match trainer.train(&mut progress) {
+        Ok(history) => history,
+        // The budget is spent: the trainer stopped after the epoch that spent it.
+        Err(tpgrpo::Error::Stopped { .. }) => read_metrics(&metrics)?,
+        Err(e) => return Err(e),
+    };
+    // A run ends with an evaluation (a budget can end it between two).
+    if history.last().is_some_and(|m| m.eval_reward.is_none()) {
+        let eval = trainer.evaluate()?;
+        let last = history.last_mut().expect("a line");
+        (last.eval_reward, last.eval_report) = (Some(eval.reward), eval.report);
+        say!(
+            "  {} epoch {:3}: held-out {:.4} (end of budget)",
+            progress.label,
+            last.epoch,
+            eval.reward
+        );
+    }
     let trained = &history[1..];
     let evaluated: Vec<&EpochMetrics> =
         history.iter().filter(|m| m.eval_reward.is_some()).collect();
     let report = |m: Option<&&EpochMetrics>| m.map(|m| m.eval_report.clone()).unwrap_or_default();
+    let evals = points(&history, samples);
     Ok(Run {
-        evals: history.iter().filter_map(|m| m.eval_reward.map(|r| (m.epoch, r))).collect(),
         reports: [report(evaluated.first()), report(evaluated.last())],
-        nfe: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>() / trained.len() as f64,
+        nfe_per_sample: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>()
+            / trained.len() as f64,
+        epochs: trained.len(),
         seconds: trained.iter().map(|m| m.seconds).sum(),
+        nfe: trained.iter().map(|m| m.nfe_per_sample * samples).sum(),
         noise_scale: noise_scale(&history),
+        evals,
     })
 }
 
-fn mean_curve(runs: &[Run]) -> Vec<(f64, f64)> {
-    let epochs: Vec<usize> = runs[0].evals.iter().map(|e| e.0).collect();
-    epochs
-        .iter()
-        .enumerate()
-        .map(|(i, &e)| {
-            (e as f64, runs.iter().map(|r| r.evals[i].1).sum::<f64>() / runs.len() as f64)
+/// The mean over runs of each evaluation's `(x, reward)`, as far as every run has evaluations
+/// (under a budget, runs may evaluate a different number of times).
+fn mean_curve(runs: &[Run], x: fn(&Point) -> f64) -> Vec<(f64, f64)> {
+    let n = runs.iter().map(|r| r.evals.len()).min().unwrap_or(0);
+    (0..n)
+        .map(|i| {
+            let mean = |f: &dyn Fn(&Point) -> f64| {
+                runs.iter().map(|r| f(&r.evals[i])).sum::<f64>() / runs.len() as f64
+            };
+            (mean(&|p| x(p)), mean(&|p| p.reward))
         })
         .collect()
 }
 
+/// The x axes of the charts: file, axis name and the value of an evaluation.
+const AXES: [(&str, &str, fn(&Point) -> f64); 3] = [
+    ("compare.png", "epoch", |p| p.epoch as f64),
+    ("compare-seconds.png", "training time (s, evaluation excluded)", |p| p.seconds),
+    ("compare-nfe.png", "transformer evaluations (rollouts + completions)", |p| p.nfe),
+];
+
 fn run(args: Args) -> tpgrpo::Result<()> {
     let objectives = ["tp-grpo", "flow-grpo"];
+    let budget = Budget::of(&args);
     let mut table = String::from(
-        "| objective | seed | held-out before | held-out after | change | rule-based score | colour / count / shape / relation checks | NFE / sample | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| objective | seed | held-out before | held-out after | change | rule-based score | colour / count / shape / relation checks | epochs | NFE / sample | NFE | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let mut series = Vec::new();
+    let mut series: Vec<Vec<Series>> = vec![Vec::new(); AXES.len()];
     let mut summary = Vec::new();
     for objective in objectives {
         let (color, name) = (objective_color(objective), objective_label(objective));
@@ -112,13 +223,15 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         for &seed in &args.seeds {
             say!("{objective}, seed {seed}");
             let r = run_one(objective, seed, &args)?;
-            let (first, last) = (r.evals[0].1, r.evals[r.evals.len() - 1].1);
+            let (first, last) = (r.evals[0].reward, r.evals[r.evals.len() - 1].reward);
             writeln!(
                 table,
-                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {} | {} | {:.0} | {:.0} | {} |",
+                "| {objective} | {seed} | {first:.4} | {last:.4} | {:+.4} | {} | {} | {} | {:.0} | {:.3e} | {:.0} | {} |",
                 last - first,
                 before_after(&r.reports, &["toy_geneval"]),
                 before_after(&r.reports, &["check_color", "check_count", "check_shape", "check_relation"]),
+                r.epochs,
+                r.nfe_per_sample,
                 r.nfe,
                 r.seconds,
                 r.noise_scale.map_or("not resolved".into(), |b| format!("{b:.0}"))
@@ -126,40 +239,71 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             .expect("string");
             // Each seed in a light tint of the objective's colour, in the legend once.
             let tint = color.map(|c| c / 3 + 170);
-            series.push(Series {
-                label: if runs.is_empty() { format!("{name}, each seed") } else { String::new() },
-                color: tint,
-                dashed: false,
-                points: r.evals.iter().map(|&(e, v)| (e as f64, v)).collect(),
-            });
+            for (chart, (_, _, x)) in series.iter_mut().zip(AXES) {
+                chart.push(Series {
+                    label: if runs.is_empty() {
+                        format!("{name}, each seed")
+                    } else {
+                        String::new()
+                    },
+                    color: tint,
+                    dashed: false,
+                    points: r.evals.iter().map(|p| (x(p), p.reward)).collect(),
+                });
+            }
             runs.push(r);
         }
-        let curve = mean_curve(&runs);
+        let curve = mean_curve(&runs, |p| p.epoch as f64);
         let (first, last) = (curve[0].1, curve[curve.len() - 1].1);
+        let spread = spread(runs.iter().map(|r| r.evals[r.evals.len() - 1].reward));
         summary.push(format!(
-            "| {objective} | mean | {first:.4} | {last:.4} | {:+.4} | | | | | |",
+            "| {objective} | mean (± sd over seeds) | {first:.4} | {last:.4} ± {spread:.4} | {:+.4} | | | | | | | |",
             last - first
         ));
-        let label = format!("{name}, mean of {} seeds", runs.len());
-        series.push(Series { label, color, dashed: false, points: curve });
+        for (chart, (_, _, x)) in series.iter_mut().zip(AXES) {
+            let label = format!("{name}, mean of {} seeds", runs.len());
+            chart.push(Series { label, color, dashed: false, points: mean_curve(&runs, x) });
+        }
     }
     for line in summary {
         writeln!(table, "{line}").expect("string");
     }
     std::fs::create_dir_all(&args.out).map_err(|e| tpgrpo::Error::io(&args.out, e))?;
-    let chart = Chart {
-        title: format!("Held-out reward, TP-GRPO vs Flow-GRPO ({} seeds)", args.seeds.len()),
-        x_label: "epoch".into(),
-        y_label: "held-out reward (mean over prompts)".into(),
-        series,
+    let budget = match budget {
+        Budget::Epochs => "same epochs".to_string(),
+        Budget::Seconds(s) => format!("same training time, {s} s"),
+        Budget::Nfe(n) => format!("same compute, {n:.0} NFE"),
     };
-    save_chart(&args.out.join("compare.png"), &chart)?;
+    for ((file, x_label, _), series) in AXES.into_iter().zip(series) {
+        let chart = Chart {
+            title: format!(
+                "Held-out reward, TP-GRPO vs Flow-GRPO ({} seeds, {budget})",
+                args.seeds.len()
+            ),
+            x_label: x_label.into(),
+            y_label: "held-out reward (mean over prompts)".into(),
+            series,
+        };
+        save_chart(&args.out.join(file), &chart)?;
+    }
     first_last(&args)?;
     let path = args.out.join("results.md");
     std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
     say!("\n{table}");
-    say!("chart: {}", args.out.join("compare.png").display());
+    for (file, ..) in AXES {
+        say!("chart: {}", args.out.join(file).display());
+    }
     Ok(())
+}
+
+/// The sample standard deviation of `values` (0 for fewer than two).
+fn spread(values: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = values.collect();
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
 }
 
 /// `a -> b` of the named report rates (first and last evaluation), `/`-separated.
@@ -211,15 +355,29 @@ fn first_last(args: &Args) -> tpgrpo::Result<()> {
     out.save(&path).map_err(|e| tpgrpo::Error::format(&path, e.to_string()))
 }
 
-/// Prints each held-out evaluation of a run as it comes.
-struct HeldOut {
+/// Prints each held-out evaluation of a run as it comes, and stops the run once its
+/// [`Budget`] is spent.
+struct Progress {
     label: String,
+    budget: Budget,
+    /// Samples per epoch.
+    samples: f64,
+    /// Training seconds and NFE spent so far.
+    spent: (f64, f64),
+    stop: Arc<AtomicBool>,
 }
 
-impl Observer for HeldOut {
+impl Observer for Progress {
     fn epoch(&mut self, m: &EpochMetrics, _: &[EpochMetrics]) -> tpgrpo::Result<()> {
         if let Some(r) = m.eval_reward {
             say!("  {} epoch {:3}: held-out {r:.4}", self.label, m.epoch);
+        }
+        if m.epoch > 0 {
+            self.spent.0 += m.seconds;
+            self.spent.1 += m.nfe_per_sample * self.samples;
+        }
+        if self.budget.spent(self.spent.0, self.spent.1) {
+            self.stop.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
