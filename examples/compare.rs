@@ -202,11 +202,26 @@ fn mean_curve(runs: &[Run], x: fn(&Point) -> f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The x axes of the charts: file, axis name and the value of an evaluation.
-const AXES: [(&str, &str, fn(&Point) -> f64); 3] = [
-    ("compare.png", "epoch", |p| p.epoch as f64),
-    ("compare-seconds.png", "training time (s, evaluation excluded)", |p| p.seconds),
-    ("compare-nfe.png", "transformer evaluations (rollouts + completions)", |p| p.nfe),
+/// The x axis of a chart: its file, the axis name and an evaluation's value on it.
+struct Axis {
+    file: &'static str,
+    name: &'static str,
+    x: fn(&Point) -> f64,
+}
+
+/// The charts: reward against the epoch, the training seconds and the NFE.
+const AXES: [Axis; 3] = [
+    Axis { file: "compare.png", name: "epoch", x: |p| p.epoch as f64 },
+    Axis {
+        file: "compare-seconds.png",
+        name: "training time (s, evaluation excluded)",
+        x: |p| p.seconds,
+    },
+    Axis {
+        file: "compare-nfe.png",
+        name: "transformer evaluations (rollouts + completions)",
+        x: |p| p.nfe,
+    },
 ];
 
 fn run(args: Args) -> tpgrpo::Result<()> {
@@ -239,7 +254,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             .expect("string");
             // Each seed in a light tint of the objective's colour, in the legend once.
             let tint = color.map(|c| c / 3 + 170);
-            for (chart, (_, _, x)) in series.iter_mut().zip(AXES) {
+            for (chart, axis) in series.iter_mut().zip(&AXES) {
                 chart.push(Series {
                     label: if runs.is_empty() {
                         format!("{name}, each seed")
@@ -248,7 +263,7 @@ fn run(args: Args) -> tpgrpo::Result<()> {
                     },
                     color: tint,
                     dashed: false,
-                    points: r.evals.iter().map(|p| (x(p), p.reward)).collect(),
+                    points: r.evals.iter().map(|p| ((axis.x)(p), p.reward)).collect(),
                 });
             }
             runs.push(r);
@@ -260,9 +275,10 @@ fn run(args: Args) -> tpgrpo::Result<()> {
             "| {objective} | mean (± sd over seeds) | {first:.4} | {last:.4} ± {spread:.4} | {:+.4} | | | | | | | |",
             last - first
         ));
-        for (chart, (_, _, x)) in series.iter_mut().zip(AXES) {
+        for (chart, axis) in series.iter_mut().zip(&AXES) {
             let label = format!("{name}, mean of {} seeds", runs.len());
-            chart.push(Series { label, color, dashed: false, points: mean_curve(&runs, x) });
+            let points = mean_curve(&runs, axis.x);
+            chart.push(Series { label, color, dashed: false, points });
         }
     }
     for line in summary {
@@ -274,24 +290,24 @@ fn run(args: Args) -> tpgrpo::Result<()> {
         Budget::Seconds(s) => format!("same training time, {s} s"),
         Budget::Nfe(n) => format!("same compute, {n:.0} NFE"),
     };
-    for ((file, x_label, _), series) in AXES.into_iter().zip(series) {
+    for (axis, series) in AXES.iter().zip(series) {
         let chart = Chart {
             title: format!(
                 "Held-out reward, TP-GRPO vs Flow-GRPO ({} seeds, {budget})",
                 args.seeds.len()
             ),
-            x_label: x_label.into(),
+            x_label: axis.name.into(),
             y_label: "held-out reward (mean over prompts)".into(),
             series,
         };
-        save_chart(&args.out.join(file), &chart)?;
+        save_chart(&args.out.join(axis.file), &chart)?;
     }
     first_last(&args)?;
     let path = args.out.join("results.md");
     std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
     say!("\n{table}");
-    for (file, ..) in AXES {
-        say!("chart: {}", args.out.join(file).display());
+    for axis in &AXES {
+        say!("chart: {}", args.out.join(axis.file).display());
     }
     Ok(())
 }
