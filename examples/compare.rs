@@ -52,6 +52,15 @@ struct Args {
     /// evaluate.
     #[arg(long)]
     budget_nfe: Option<f64>,
+    /// An ablation instead of the comparison: `key.path=v1,v2,...` trains every objective of
+    /// `--objectives` with each value and seed, and writes `sweep.md` and `sweep.png` (the
+    /// final held-out reward against the value).
+    #[arg(long)]
+    sweep: Option<String>,
+    /// The objectives compared or swept.
+    #[arg(long, value_delimiter = ',', default_value = "tp-grpo,flow-grpo",
+          value_parser = ["tp-grpo", "flow-grpo"])]
+    objectives: Vec<String>,
 }
 
 /// What a run may spend.
@@ -85,9 +94,114 @@ impl Budget {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    let result = match &args.sweep {
+        Some(spec) => sweep(spec, &args),
+        None => run(args),
+    };
+    if let Err(e) = result {
         console::fail(e);
     }
+}
+
+/// `key.path=v1,v2,...` as the key and its values.
+fn parse_sweep(spec: &str) -> tpgrpo::Result<(String, Vec<String>)> {
+    let bad = || tpgrpo::Error::config("sweep", format!("{spec:?} is not key.path=v1,v2,..."));
+    let (key, values) = spec.split_once('=').ok_or_else(bad)?;
+    let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+    if key.trim().is_empty() || values.iter().any(|v| v.is_empty()) {
+        return Err(bad());
+    }
+    Ok((key.trim().to_string(), values))
+}
+
+/// The ablation of `--sweep`: every objective, value and seed; a table of the final held-out
+/// reward (mean and spread over seeds), the rule-based score and checks, and a chart of the
+/// final held-out reward against the value.
+fn sweep(spec: &str, args: &Args) -> tpgrpo::Result<()> {
+    let (key, values) = parse_sweep(spec)?;
+    // Every value is checked before the first run starts.
+    for value in &values {
+        toy::train_config().with_sources(None, &[format!("{key}={value}")])?;
+    }
+    let numeric: Option<Vec<f64>> = values.iter().map(|v| v.parse().ok()).collect();
+    let x = |i: usize| numeric.as_ref().map_or(i as f64, |v| v[i]);
+    let mut table = format!(
+        "| objective | {key} | seeds | held-out before | held-out after (mean ± sd) | change | rule-based score after | colour / count / shape / relation checks after | NFE / sample | train seconds (mean) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut series = Vec::new();
+    for objective in &args.objectives {
+        let (color, name) = (objective_color(objective), objective_label(objective));
+        let mut means = Vec::new();
+        for (i, value) in values.iter().enumerate() {
+            let setting = format!("{key}={value}");
+            let mut runs = Vec::new();
+            for &seed in &args.seeds {
+                say!("{objective}, {setting}, seed {seed}");
+                runs.push(run_one(objective, seed, Some(&setting), args)?);
+            }
+            let first = |r: &Run| r.evals[0].reward;
+            let last = |r: &Run| r.evals[r.evals.len() - 1].reward;
+            let n = runs.len() as f64;
+            let before = runs.iter().map(first).sum::<f64>() / n;
+            let after = runs.iter().map(last).sum::<f64>() / n;
+            let rate = |name: &str| {
+                let v: Vec<f64> =
+                    runs.iter().filter_map(|r| r.reports[1].get(name).copied()).collect();
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.3}", v.iter().sum::<f64>() / v.len() as f64)
+                }
+            };
+            let checks: Vec<String> =
+                ["check_color", "check_count", "check_shape", "check_relation"].map(rate).into();
+            writeln!(
+                table,
+                "| {objective} | {value} | {} | {before:.4} | {after:.4} ± {:.4} | {:+.4} | {} | {} | {:.0} | {:.0} |",
+                runs.len(),
+                spread(runs.iter().map(last)),
+                after - before,
+                rate("toy_geneval"),
+                checks.join(" / "),
+                runs.iter().map(|r| r.nfe_per_sample).sum::<f64>() / n,
+                runs.iter().map(|r| r.seconds).sum::<f64>() / n,
+            )
+            .expect("string");
+            let tint = color.map(|c| c / 3 + 170);
+            for (j, r) in runs.iter().enumerate() {
+                let label = match (i, j) {
+                    (0, 0) => format!("{name}, each seed"),
+                    _ => String::new(),
+                };
+                series.push(Series {
+                    label,
+                    color: tint,
+                    dashed: false,
+                    points: vec![(x(i), last(r))],
+                });
+            }
+            means.push((x(i), after));
+        }
+        let label = format!("{name}, mean of {} seeds", args.seeds.len());
+        series.push(Series { label, color, dashed: false, points: means });
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| tpgrpo::Error::io(&args.out, e))?;
+    let chart = Chart {
+        title: format!("Final held-out reward against {key} ({} seeds)", args.seeds.len()),
+        x_label: match numeric {
+            Some(_) => key.clone(),
+            None => format!("{key} (value index: {})", values.join(", ")),
+        },
+        y_label: "final held-out reward (mean over prompts)".into(),
+        series,
+    };
+    save_chart(&args.out.join("sweep.png"), &chart)?;
+    let path = args.out.join("sweep.md");
+    std::fs::write(&path, &table).map_err(|e| tpgrpo::Error::io(&path, e))?;
+    say!("\n{table}");
+    say!("chart: {}", args.out.join("sweep.png").display());
+    Ok(())
 }
 
 /// One evaluation of a run: when (epoch, training seconds and transformer evaluations spent
@@ -129,16 +243,23 @@ fn points(history: &[EpochMetrics], samples_per_epoch: f64) -> Vec<Point> {
     out
 }
 
-fn run_one(objective: &str, seed: u64, args: &Args) -> tpgrpo::Result<Run> {
+/// One run of `objective` with `seed`, the `--set` values and then `setting` (a sweep's
+/// `key=value`), in its own folder of the output.
+fn run_one(objective: &str, seed: u64, setting: Option<&str>, args: &Args) -> tpgrpo::Result<Run> {
     let device = backend::init()?;
     let sets: Vec<String> =
         [format!("objective.objective={objective}"), format!("seed={seed}"), "save_every=0".into()]
             .into_iter()
             .chain(args.sets.iter().cloned())
+            .chain(setting.map(String::from))
             .collect();
     let config = toy::train_config().with_sources(None, &sets)?;
     let samples = (config.prompts_per_epoch * config.group_size) as f64;
-    let out = args.out.join(format!("{objective}-seed{seed}"));
+    let folder = match setting {
+        Some(s) => format!("{objective}-{s}-seed{seed}"),
+        None => format!("{objective}-seed{seed}"),
+    };
+    let out = args.out.join(folder);
     let start = if args.overwrite { run_dir::Start::Overwrite } else { run_dir::Start::Fresh };
     // Held for this run (dropped at the end of the function).
     let claim = run_dir::claim(&out, start)?;
@@ -225,19 +346,19 @@ const AXES: [Axis; 3] = [
 ];
 
 fn run(args: Args) -> tpgrpo::Result<()> {
-    let objectives = ["tp-grpo", "flow-grpo"];
+    let objectives = args.objectives.clone();
     let budget = Budget::of(&args);
     let mut table = String::from(
         "| objective | seed | held-out before | held-out after | change | rule-based score | colour / count / shape / relation checks | epochs | NFE / sample | NFE | train seconds | noise scale |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut series: Vec<Vec<Series>> = vec![Vec::new(); AXES.len()];
     let mut summary = Vec::new();
-    for objective in objectives {
+    for objective in &objectives {
         let (color, name) = (objective_color(objective), objective_label(objective));
         let mut runs = Vec::new();
         for &seed in &args.seeds {
             say!("{objective}, seed {seed}");
-            let r = run_one(objective, seed, &args)?;
+            let r = run_one(objective, seed, None, &args)?;
             let (first, last) = (r.evals[0].reward, r.evals[r.evals.len() - 1].reward);
             writeln!(
                 table,
@@ -335,7 +456,7 @@ fn before_after(reports: &[std::collections::BTreeMap<String, f64>; 2], names: &
 fn first_last(args: &Args) -> tpgrpo::Result<()> {
     let Some(seed) = args.seeds.first() else { return Ok(()) };
     let mut rows = Vec::new();
-    for objective in ["tp-grpo", "flow-grpo"] {
+    for objective in &args.objectives {
         let dir = args.out.join(format!("{objective}-seed{seed}")).join("samples");
         let mut grids: Vec<PathBuf> = std::fs::read_dir(&dir)
             .map_err(|e| tpgrpo::Error::io(&dir, e))?

@@ -4,6 +4,7 @@
 //! and trainer for the test backend, and a release build compiled and linked that code once
 //! per file (about a minute each on two cores); here it is compiled once.
 
+mod cli_compare;
 mod cli_credit;
 mod cli_sample;
 mod cli_score;
