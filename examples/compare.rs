@@ -227,20 +227,22 @@ struct Run {
     noise_scale: Option<f64>,
 }
 
+/// The training seconds and transformer evaluations the epochs of `history` spent
+/// (`samples` per epoch; the line before training spent nothing).
+fn spent(history: &[EpochMetrics], samples: f64) -> (f64, f64) {
+    let trained = history.iter().filter(|m| m.epoch > 0);
+    trained.fold((0.0, 0.0), |(s, n), m| (s + m.seconds, n + m.nfe_per_sample * samples))
+}
+
 /// The evaluations of `history` with the training seconds and NFE spent up to each.
-fn points(history: &[EpochMetrics], samples_per_epoch: f64) -> Vec<Point> {
-    let (mut seconds, mut nfe) = (0.0, 0.0);
-    let mut out = Vec::new();
-    for m in history {
-        if m.epoch > 0 {
-            seconds += m.seconds;
-            nfe += m.nfe_per_sample * samples_per_epoch;
-        }
-        if let Some(reward) = m.eval_reward {
-            out.push(Point { epoch: m.epoch, seconds, nfe, reward });
-        }
-    }
-    out
+fn points(history: &[EpochMetrics], samples: f64) -> Vec<Point> {
+    let evaluated = history.iter().enumerate().filter_map(|(i, m)| Some((i, m.eval_reward?)));
+    evaluated
+        .map(|(i, reward)| {
+            let (seconds, nfe) = spent(&history[..=i], samples);
+            Point { epoch: history[i].epoch, seconds, nfe, reward }
+        })
+        .collect()
 }
 
 /// One run of `objective` with `seed`, the `--set` values and then `setting` (a sweep's
@@ -272,7 +274,7 @@ fn run_one(objective: &str, seed: u64, setting: Option<&str>, args: &Args) -> tp
         toy::trainer::<TrainBackend>(config, reward, &out, &device)?.stopping_on(stop.clone());
     let budget = Budget::of(args);
     let label = format!("{objective} seed {seed}");
-    let mut progress = Progress { label, budget, samples, spent: (0.0, 0.0), stop };
+    let mut progress = Progress { label, budget, samples, stop };
     let metrics = out.join("metrics.jsonl");
     let mut history: Vec<EpochMetrics> = match trainer.train(&mut progress) {
         Ok(history) => history,
@@ -297,13 +299,14 @@ fn run_one(objective: &str, seed: u64, setting: Option<&str>, args: &Args) -> tp
         history.iter().filter(|m| m.eval_reward.is_some()).collect();
     let report = |m: Option<&&EpochMetrics>| m.map(|m| m.eval_report.clone()).unwrap_or_default();
     let evals = points(&history, samples);
+    let (seconds, nfe) = spent(&history, samples);
     Ok(Run {
         reports: [report(evaluated.first()), report(evaluated.last())],
         nfe_per_sample: trained.iter().map(|m| m.nfe_per_sample).sum::<f64>()
             / trained.len() as f64,
         epochs: trained.len(),
-        seconds: trained.iter().map(|m| m.seconds).sum(),
-        nfe: trained.iter().map(|m| m.nfe_per_sample * samples).sum(),
+        seconds,
+        nfe,
         noise_scale: noise_scale(&history),
         evals,
     })
@@ -499,21 +502,16 @@ struct Progress {
     budget: Budget,
     /// Samples per epoch.
     samples: f64,
-    /// Training seconds and NFE spent so far.
-    spent: (f64, f64),
     stop: Arc<AtomicBool>,
 }
 
 impl Observer for Progress {
-    fn epoch(&mut self, m: &EpochMetrics, _: &[EpochMetrics]) -> tpgrpo::Result<()> {
+    fn epoch(&mut self, m: &EpochMetrics, history: &[EpochMetrics]) -> tpgrpo::Result<()> {
         if let Some(r) = m.eval_reward {
             say!("  {} epoch {:3}: held-out {r:.4}", self.label, m.epoch);
         }
-        if m.epoch > 0 {
-            self.spent.0 += m.seconds;
-            self.spent.1 += m.nfe_per_sample * self.samples;
-        }
-        if self.budget.spent(self.spent.0, self.spent.1) {
+        let (seconds, nfe) = spent(history, self.samples);
+        if self.budget.spent(seconds, nfe) {
             self.stop.store(true, Ordering::Relaxed);
         }
         Ok(())

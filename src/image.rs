@@ -50,12 +50,32 @@ impl Image {
     }
 }
 
+/// An RGB buffer encoded as PNG (`what` names it in errors).
+pub(crate) fn encode_png(img: &RgbImage, what: &Path) -> Result<Vec<u8>> {
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut bytes, ::image::ImageFormat::Png)
+        .map_err(|e| Error::Image { what: what.display().to_string(), message: e.to_string() })?;
+    Ok(bytes.into_inner())
+}
+
+/// The width and height an encoded image declares (`what` names it in errors).
+pub(crate) fn png_dimensions(bytes: &[u8], what: &Path) -> Result<(u32, u32)> {
+    let reader = ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format();
+    let fail = |e: String| Error::format(what, format!("cannot read the image: {e}"));
+    let reader = reader.map_err(|e| fail(e.to_string()))?;
+    reader.into_dimensions().map_err(|e| fail(e.to_string()))
+}
+
+/// Writes PNG bytes to `path`, atomically.
+pub(crate) fn write_png_bytes(bytes: &[u8], path: &Path) -> Result<()> {
+    crate::files::write_atomically(path, |tmp| {
+        std::fs::write(tmp, bytes).map_err(|e| Error::io(tmp, e))
+    })
+}
+
 /// Writes an RGB buffer as a PNG, atomically.
 pub(crate) fn write_png(img: &RgbImage, path: &Path) -> Result<()> {
-    crate::files::write_atomically(path, |tmp| {
-        img.save_with_format(tmp, ::image::ImageFormat::Png)
-            .map_err(|e| Error::io(tmp, std::io::Error::other(e.to_string())))
-    })
+    write_png_bytes(&encode_png(img, path)?, path)
 }
 
 impl Image {
@@ -160,21 +180,58 @@ pub fn save_png(path: &Path, image: &Image) -> Result<()> {
     write_png(&image.to_rgb8()?, path)
 }
 
-/// Writes `images` as a grid PNG with `cols` columns, each pixel enlarged `scale` times.
-pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Result<()> {
+/// Where the cells of a grid of equally sized images lie: `cols` columns of `cell` (w, h)
+/// pixels, `below` free pixels under each (a caption's), `gap` pixels around every cell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GridLayout {
+    /// Columns.
+    pub cols: usize,
+    /// A scaled image's width and height.
+    pub cell: (usize, usize),
+    /// Free rows under each image.
+    pub below: usize,
+    /// Pixels between cells and around the grid.
+    pub gap: usize,
+}
+
+impl GridLayout {
+    /// The top-left pixel of cell `i`.
+    pub(crate) fn origin(&self, i: usize) -> (usize, usize) {
+        let (w, h) = self.cell;
+        let (col, row) = (i % self.cols, i / self.cols);
+        (self.gap + col * (w + self.gap), self.gap + row * (h + self.below + self.gap))
+    }
+}
+
+/// `images` (all of one size) on white in a grid of `cols` columns, each scaled `scale` times
+/// (nearest neighbour) with `below` free rows under it, `gap` pixels apart.
+pub(crate) fn compose_grid(
+    images: &[Image],
+    cols: usize,
+    scale: usize,
+    below: usize,
+    gap: usize,
+) -> Result<(RgbImage, GridLayout)> {
     let Some(first) = images.first() else {
         return Err(Error::shape("images", "at least one image", &[0]));
     };
+    if cols == 0 || scale == 0 {
+        return Err(Error::shape("grid columns and scale", "at least 1", &[cols, scale]));
+    }
     let (w, h) = (first.width * scale, first.height * scale);
+    let layout = GridLayout { cols, cell: (w, h), below, gap };
     let rows = images.len().div_ceil(cols);
-    let gap = 2;
-    let mut out = RgbImage::from_pixel(
-        (cols * (w + gap) + gap) as u32,
-        (rows * (h + gap) + gap) as u32,
-        Rgb([255, 255, 255]),
-    );
+    let (width, height) = (cols * (w + gap) + gap, rows * (h + below + gap) + gap);
+    let mut out = RgbImage::from_pixel(width as u32, height as u32, Rgb([255, 255, 255]));
     for (i, im) in images.iter().enumerate() {
-        let (ox, oy) = (gap + (i % cols) * (w + gap), gap + (i / cols) * (h + gap));
+        if (im.width, im.height) != (first.width, first.height) {
+            return Err(Error::shape(
+                format!("image {i}"),
+                format!("{}x{}", first.height, first.width),
+                &[im.height, im.width],
+            ));
+        }
+        let (ox, oy) = layout.origin(i);
         let bytes = im.to_u8();
         for y in 0..h {
             for x in 0..w {
@@ -184,5 +241,12 @@ pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Re
             }
         }
     }
-    write_png(&out, path)
+    Ok((out, layout))
+}
+
+/// Writes `images` as a PNG grid of `cols` columns, each scaled `scale` times (nearest
+/// neighbour), atomically.
+pub fn save_grid(path: &Path, images: &[Image], cols: usize, scale: usize) -> Result<()> {
+    let (grid, _) = compose_grid(images, cols, scale, 0, 2)?;
+    write_png(&grid, path)
 }

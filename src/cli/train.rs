@@ -374,16 +374,21 @@ fn train(mut args: Args) -> tpgrpo::Result<()> {
 /// Prints the task and the settings as pretty JSON, in the settings' own order (a file
 /// `--config` reads back).
 fn print_config(args: &Args, config: &TrainConfig) -> tpgrpo::Result<()> {
+    /// A settings file: the task, then every setting.
+    #[derive(serde::Serialize)]
+    struct SettingsFile<'a> {
+        task: TaskSettings,
+        #[serde(flatten)]
+        settings: &'a TrainConfig,
+    }
     let task = TaskSettings {
         model: args.model.clone(),
         prompts: args.prompts.clone(),
         reward: Some(args.rewards.clone()),
         resolution: args.resolution,
     };
-    let task = serde_json::to_string_pretty(&task).expect("task serialises");
-    let settings = serde_json::to_string_pretty(config).expect("settings serialise");
-    let fields = settings.strip_prefix('{').expect("a JSON object");
-    say!("{{\n  \"task\": {},{fields}", task.replace('\n', "\n  "));
+    let file = SettingsFile { task, settings: config };
+    say!("{}", serde_json::to_string_pretty(&file).expect("settings serialise"));
     Ok(())
 }
 

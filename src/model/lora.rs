@@ -89,6 +89,53 @@ impl LoraConfig {
     }
 }
 
+/// The PEFT `LoraConfig` of `config` as JSON, as both layouts record it (keys prefixed by
+/// `prefix`: none in `adapter_config.json`, `transformer.` in diffusers' metadata).
+fn lora_config_json(config: &LoraConfig, prefix: &str) -> serde_json::Value {
+    let fields = [
+        ("peft_type", serde_json::json!("LORA")),
+        ("r", config.rank.into()),
+        ("lora_alpha", config.alpha.into()),
+        ("target_modules", config.target_modules.clone().into()),
+        ("init_lora_weights", "gaussian".into()),
+        ("lora_dropout", 0.0.into()),
+        ("bias", "none".into()),
+        ("fan_in_fan_out", false.into()),
+        ("use_rslora", false.into()),
+        ("use_dora", false.into()),
+    ];
+    fields.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)).collect()
+}
+
+/// Writes a PEFT folder: `tensors` (PEFT keys) and `adapter_config.json`, each atomically.
+fn write_peft(dir: &Path, tensors: &[NamedTensor], config: &LoraConfig) -> crate::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+    save_safetensors(&dir.join(PEFT_WEIGHTS), tensors)?;
+    let text = serde_json::to_string_pretty(&lora_config_json(config, "")).expect("JSON value");
+    let path = dir.join(PEFT_CONFIG);
+    write_atomically(&path, |tmp| std::fs::write(tmp, &text).map_err(|e| crate::Error::io(tmp, e)))
+}
+
+/// Writes diffusers' LoRA file: `tensors` (`transformer.` keys) with the `LoraConfig` in the
+/// header's `lora_adapter_metadata`, atomically.
+fn write_diffusers_lora(
+    path: &Path,
+    tensors: &[NamedTensor],
+    config: &LoraConfig,
+) -> crate::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+    }
+    let metadata = [
+        ("format".to_string(), "pt".to_string()),
+        (
+            DIFFUSERS_METADATA_KEY.to_string(),
+            lora_config_json(config, DIFFUSERS_PREFIX).to_string(),
+        ),
+    ];
+    save_safetensors_with_metadata(path, tensors, Some(metadata.into_iter().collect()))
+}
+
 /// Refuses PEFT LoRA variants this crate does not compute (DoRA, rsLoRA's `alpha / sqrt(r)`,
 /// per-module ranks or alphas, transposed weights), naming the field: read as plain LoRA they
 /// would give another model without a word.
@@ -273,27 +320,7 @@ impl<B: Backend> MMDiT<B> {
     /// `base_model.model.<module>.lora_A.weight [r, in]`, `lora_B.weight [out, r]`) and
     /// `adapter_config.json`; both files written atomically.
     pub fn save_peft(&self, dir: impl AsRef<Path>, config: &LoraConfig) -> crate::Result<()> {
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-        let tensors = self.peft_tensors(PEFT_PREFIX)?;
-        save_safetensors(&dir.join(PEFT_WEIGHTS), &tensors)?;
-        let json = serde_json::json!({
-            "peft_type": "LORA",
-            "r": config.rank,
-            "lora_alpha": config.alpha,
-            "target_modules": config.target_modules,
-            "init_lora_weights": "gaussian",
-            "lora_dropout": 0.0,
-            "bias": "none",
-            "fan_in_fan_out": false,
-            "use_rslora": false,
-            "use_dora": false,
-        });
-        let text = serde_json::to_string_pretty(&json).expect("JSON value");
-        let path = dir.join(PEFT_CONFIG);
-        write_atomically(&path, |tmp| {
-            std::fs::write(tmp, &text).map_err(|e| crate::Error::io(tmp, e))
-        })
+        write_peft(dir.as_ref(), &self.peft_tensors(PEFT_PREFIX)?, config)
     }
 
     /// Writes the adapters as a diffusers pipeline LoRA file (`pytorch_lora_weights.safetensors`
@@ -305,27 +332,18 @@ impl<B: Backend> MMDiT<B> {
         path: impl AsRef<Path>,
         config: &LoraConfig,
     ) -> crate::Result<()> {
-        let path = path.as_ref();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+        write_diffusers_lora(path.as_ref(), &self.peft_tensors(DIFFUSERS_PREFIX)?, config)
+    }
+
+    /// [`MMDiT::save_peft`] into `dir` and [`MMDiT::save_diffusers_lora`] into its
+    /// `pytorch_lora_weights.safetensors`, the factors read from the device once.
+    pub(crate) fn save_adapter(&self, dir: &Path, config: &LoraConfig) -> crate::Result<()> {
+        let mut tensors = self.peft_tensors(PEFT_PREFIX)?;
+        write_peft(dir, &tensors, config)?;
+        for (key, ..) in &mut tensors {
+            key.replace_range(..PEFT_PREFIX.len(), DIFFUSERS_PREFIX);
         }
-        let tensors = self.peft_tensors(DIFFUSERS_PREFIX)?;
-        let p = DIFFUSERS_PREFIX;
-        let lora_config = serde_json::json!({
-            format!("{p}r"): config.rank,
-            format!("{p}lora_alpha"): config.alpha,
-            format!("{p}target_modules"): config.target_modules,
-            format!("{p}lora_dropout"): 0.0,
-            format!("{p}bias"): "none",
-            format!("{p}init_lora_weights"): "gaussian",
-            format!("{p}use_rslora"): false,
-            format!("{p}use_dora"): false,
-        });
-        let metadata = [
-            ("format".to_string(), "pt".to_string()),
-            (DIFFUSERS_METADATA_KEY.to_string(), lora_config.to_string()),
-        ];
-        save_safetensors_with_metadata(path, &tensors, Some(metadata.into_iter().collect()))
+        write_diffusers_lora(&dir.join(DIFFUSERS_LORA_WEIGHTS), &tensors, config)
     }
 
     /// The adapters' factors in PyTorch layout under `prefix`: `<prefix><module>.lora_A.weight`

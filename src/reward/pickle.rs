@@ -87,20 +87,15 @@ fn walk(body: &[u8]) -> Result<Vec<Vec<usize>>, String> {
             b'2' => stack.push(Item::Object(top(&stack)?)),
             // Scalars, with their arguments skipped.
             b'N' | 0x88 | 0x89 => new!(vec![]),
-            b'K' => {
-                take(&mut at, 1)?;
-                new!(vec![])
-            }
-            b'M' => {
-                take(&mut at, 2)?;
-                new!(vec![])
-            }
-            b'J' => {
-                take(&mut at, 4)?;
-                new!(vec![])
-            }
-            b'G' => {
-                take(&mut at, 8)?;
+            // BININT1, BININT2, BININT, BINFLOAT: 1, 2, 4 and 8 argument bytes.
+            b'K' | b'M' | b'J' | b'G' => {
+                let width = match op {
+                    b'K' => 1,
+                    b'M' => 2,
+                    b'J' => 4,
+                    _ => 8,
+                };
+                take(&mut at, width)?;
                 new!(vec![])
             }
             b'F' | b'I' | b'L' | b'S' | b'V' => {

@@ -17,7 +17,7 @@ use super::optim::{AdamW, Moments};
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
 use crate::finite::ensure_finite_values;
-use crate::model::{MMDiT, DIFFUSERS_LORA_WEIGHTS};
+use crate::model::MMDiT;
 use crate::weights::{save_safetensors, WeightFiles};
 
 /// Scalars of a checkpoint.
@@ -96,8 +96,7 @@ pub(crate) fn save<B: Backend>(
     // `PeftModel.from_pretrained(transformer, dir)` and `pipe.load_lora_weights(dir)` both read it.
     let ema_model = model.clone().with_lora_tensors(ema.tensors.clone())?;
     for (m, folder) in [(model, "adapter"), (&ema_model, "ema")] {
-        m.save_peft(tmp.join(folder), lora)?;
-        m.save_diffusers_lora(tmp.join(folder).join(DIFFUSERS_LORA_WEIGHTS), lora)?;
+        m.save_adapter(&tmp.join(folder), lora)?;
     }
     let mut tensors = Vec::new();
     let mut push = |prefix: &str, name: &str, t: &Tensor<B, 2>| -> Result<()> {

@@ -11,7 +11,7 @@ use plotters::style::FontStyle;
 
 use super::metrics::EpochMetrics;
 use crate::error::{Error, Result};
-use crate::image::{write_png, Image};
+use crate::image::{compose_grid, encode_png, write_png, write_png_bytes, Image};
 
 /// DejaVu Sans cut to the characters the charts draw (`assets/fonts/`).
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-subset.ttf");
@@ -221,10 +221,18 @@ pub fn save_captioned_grid(
     cols: usize,
     scale: usize,
 ) -> Result<()> {
-    let Some(first) = images.first() else {
-        return Err(Error::shape("images", "at least one image", &[0]));
-    };
-    if captions.len() != images.len() || cols == 0 || scale == 0 {
+    write_png_bytes(&captioned_grid_png(path, images, captions, cols, scale)?, path)
+}
+
+/// [`save_captioned_grid`]'s PNG, encoded but not written (`path` names it in errors).
+pub(crate) fn captioned_grid_png(
+    path: &Path,
+    images: &[Image],
+    captions: &[(String, f64)],
+    cols: usize,
+    scale: usize,
+) -> Result<Vec<u8>> {
+    if captions.len() != images.len() {
         return Err(Error::shape(
             "captions",
             format!("{} captions", images.len()),
@@ -232,39 +240,19 @@ pub fn save_captioned_grid(
         ));
     }
     font()?;
-    let (w, h) = (first.width * scale, first.height * scale);
     let (size, line) = CAPTION_FONT;
-    let caption = (CAPTION_LINES + 1) * line as usize + 6;
-    let (gap, rows) = (6, images.len().div_ceil(cols));
-    let (width, height) = (cols * (w + gap) + gap, rows * (h + caption + gap) + gap);
-    let mut grid = RgbImage::from_pixel(width as u32, height as u32, image::Rgb([255; 3]));
-    for (i, im) in images.iter().enumerate() {
-        if (im.width, im.height) != (first.width, first.height) {
-            return Err(Error::shape(
-                format!("image {i}"),
-                format!("{}x{}", first.width, first.height),
-                &[im.height, im.width],
-            ));
-        }
-        let (ox, oy) = (gap + (i % cols) * (w + gap), gap + (i / cols) * (h + caption + gap));
-        let bytes = im.to_u8();
-        for y in 0..h {
-            for x in 0..w {
-                let j = 3 * ((y / scale) * im.width + x / scale);
-                let px = image::Rgb([bytes[j], bytes[j + 1], bytes[j + 2]]);
-                grid.put_pixel((ox + x) as u32, (oy + y) as u32, px);
-            }
-        }
-    }
+    let below = (CAPTION_LINES + 1) * line as usize + 6;
+    let (grid, layout) = compose_grid(images, cols, scale, below, 6)?;
     let (gw, gh) = grid.dimensions();
     let mut pixels = grid.into_raw();
+    let (w, h) = layout.cell;
     let chars = (w * 10 / (size as usize * 6)).max(8);
     let drawn = (|| -> std::result::Result<(), Box<dyn std::error::Error>> {
         let root = BitMapBackend::with_buffer(&mut pixels, (gw, gh)).into_drawing_area();
         let style = TextStyle::from((FAMILY, size)).color(&BLACK);
         let grey = TextStyle::from((FAMILY, size)).color(&RGBColor(90, 90, 90));
         for (i, (prompt, reward)) in captions.iter().enumerate() {
-            let (ox, oy) = (gap + (i % cols) * (w + gap), gap + (i / cols) * (h + caption + gap));
+            let (ox, oy) = layout.origin(i);
             let mut y = (oy + h + 4) as i32;
             for text in wrap(prompt, chars, CAPTION_LINES) {
                 root.draw_text(&text, &style, (ox as i32, y))?;
@@ -277,7 +265,7 @@ pub fn save_captioned_grid(
     })();
     drawn.map_err(|e| Error::Image { what: path.display().to_string(), message: e.to_string() })?;
     let img = RgbImage::from_raw(gw, gh, pixels).expect("buffer of the grid's size");
-    write_png(&img, path)
+    encode_png(&img, path)
 }
 
 #[cfg(test)]

@@ -135,13 +135,12 @@ impl EventWriter {
     }
 
     /// The epoch's metrics as scalars at step `epoch` (see [`scalars`]) and, when given, the
-    /// held-out grid (a PNG file) as the image `samples/held-out`; flushed.
-    pub(crate) fn epoch(&mut self, m: &EpochMetrics, grid: Option<&PathBuf>) -> Result<()> {
+    /// held-out grid (PNG bytes) as the image `samples/held-out`; flushed.
+    pub(crate) fn epoch(&mut self, m: &EpochMetrics, grid: Option<&[u8]>) -> Result<()> {
         let grid = match grid {
-            Some(path) => {
-                let png = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-                let (width, height) = crate::image::image_dimensions(path)?;
-                Some((png, width, height))
+            Some(png) => {
+                let (width, height) = crate::image::png_dimensions(png, &self.path)?;
+                Some((png.to_vec(), width, height))
             }
             None => None,
         };

@@ -20,7 +20,7 @@ use super::metrics::{append_metrics, read_metrics, timed, wall_time, write_metri
 use super::noise_scale::GradientNoise;
 use super::observe::{Observer, Phase};
 use super::optim::AdamW;
-use super::plot::save_captioned_grid;
+use super::plot::captioned_grid_png;
 use super::replica::Replica;
 use super::run_dir;
 use super::tensorboard::EventWriter;
@@ -30,6 +30,7 @@ use super::update::{
 use crate::error::{Error, Result};
 use crate::finite::no_overflow;
 use crate::grpo::{assign_credit, EpochCredit, LossStats};
+use crate::image::write_png_bytes;
 
 use crate::model::precision::cast_params;
 use crate::model::MMDiT;
@@ -641,7 +642,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
             if lead {
                 append_metrics(&metrics_path, &m)?;
                 if let Some(events) = events.as_mut() {
-                    events.epoch(&m, grid.as_ref())?;
+                    events.epoch(&m, grid.as_deref())?;
                 }
                 if (cfg.save_every > 0 && self.epoch.is_multiple_of(cfg.save_every)) || last {
                     self.save_checkpoint()?;
@@ -659,17 +660,17 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// `samples/epoch-NNNNN.png`: the first 64 held-out prompts' first images, each captioned
-    /// with its prompt and reward.
-    fn save_samples(&self, epoch: usize, eval: &Evaluation) -> Result<PathBuf> {
-        let dir = self.out_dir.join("samples");
+    /// with its prompt and reward; returns the PNG's bytes.
+    fn save_samples(&self, epoch: usize, eval: &Evaluation) -> Result<Vec<u8>> {
         let shown = eval.images.len().min(64);
         let captions: Vec<(String, f64)> = self.task.eval_prompts[..shown]
             .iter()
             .zip(&eval.image_rewards)
             .map(|(p, &r)| (p.text.clone(), r))
             .collect();
-        let path = dir.join(format!("epoch-{epoch:05}.png"));
-        save_captioned_grid(&path, &eval.images[..shown], &captions, 8, 4)?;
-        Ok(path)
+        let path = self.out_dir.join("samples").join(format!("epoch-{epoch:05}.png"));
+        let png = captioned_grid_png(&path, &eval.images[..shown], &captions, 8, 4)?;
+        write_png_bytes(&png, &path)?;
+        Ok(png)
     }
 }
