@@ -22,7 +22,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
 use tpgrpo::model::{cast_params, dtype_name};
-use tpgrpo::model::{LoraConfig, MMDiT};
+use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 
 mod common;
 use common::{args, size, Size};

@@ -3,6 +3,7 @@
 //! time as it goes; a watchdog thread names the stage still running every `stall_secs` seconds,
 //! so a first call that hangs in JIT compilation or autotuning says where it hangs.
 
+use crate::model::Adaptable;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
@@ -376,7 +377,7 @@ fn lora_backward<B: AutodiffBackend>(
     let (x, t, text, pooled) = toy_inputs::<B>(batch, device);
     let loss = model.forward(x, t, text, pooled)?.powf_scalar(2.0).mean();
     let grads = loss.backward();
-    let adapters = model.adapters();
+    let adapters = crate::model::lora::adapters(model);
     let mut norm = 0.0;
     for (_, a) in &adapters {
         for p in [&a.lora_a, &a.lora_b] {

@@ -52,7 +52,7 @@
 //!
 //! [`pipeline::Sd3Pipeline`] loads a diffusers folder (here a download of
 //! `stabilityai/stable-diffusion-3.5-medium`); the adapters a run saves in its checkpoints
-//! are PEFT folders that [`model::MMDiT::load_peft`] attaches (or that `merge_lora` folds in):
+//! are PEFT folders that [`model::Adaptable::load_peft`] attaches (or that `merge_lora` folds in):
 //!
 //! ```no_run
 //! use tpgrpo::backend::{self, Backend};

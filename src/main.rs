@@ -14,7 +14,7 @@ mod train;
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::doctor::{DoctorConfig, Event};
 use tpgrpo::grpo::{inspect, parse_credit_input, CreditReport};
-use tpgrpo::model::{cast_params, MMDiT, Precision};
+use tpgrpo::model::{cast_params, Adaptable, MMDiT, Precision};
 use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline};
 use tpgrpo::reward::{load_rewards, score_terms};
 use tpgrpo::Error;

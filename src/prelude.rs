@@ -2,7 +2,7 @@
 
 pub use crate::grpo::ObjectiveConfig;
 pub use crate::image::Image;
-pub use crate::model::{LoraConfig, MMDiT, MMDiTConfig, Precision};
+pub use crate::model::{Adaptable, Flux, FluxConfig, LoraConfig, MMDiT, MMDiTConfig, Precision};
 pub use crate::pipeline::{SampleConfig, Sd3Pipeline};
 pub use crate::prompts::{Prompt, PromptSet};
 pub use crate::reward::Reward;

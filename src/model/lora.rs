@@ -1,9 +1,10 @@
-//! LoRA adapters on the MMDiT's attention projections, PEFT-compatible export and merging.
+//! LoRA adapters on the denoisers' attention and feed-forward projections, PEFT-compatible
+//! export and merging.
 //!
 //! An adapted projection computes `y = x W + b + (alpha / r) (x A) B` with the base `W`, `b`
 //! frozen, `A: [in, r]` drawn from `N(0, (1/r)^2)` and `B: [r, out]` zero, so a fresh adapter
 //! leaves the model unchanged. The low-rank path is two small matmuls; `W + A B` is never formed
-//! during training. Switching the adapters off ([`MMDiT::adapters_off`]) gives the reference
+//! during training. Switching the adapters off ([`Adaptable::adapters_off`]) gives the reference
 //! policy of the KL term from the same base tensors.
 //!
 //! (`crate::Error` is spelled out: `#[derive(Config)]` expands to code naming `Error`.)
@@ -11,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use burn::module::Param;
+use burn::module::{ModuleMapper, Param};
 use burn::prelude::*;
 
 use super::lora_linear::{LoraAdapter, LoraLinear};
-use super::MMDiT;
+use super::{Flux, MMDiT};
 
 use crate::files::write_atomically;
 use crate::rng::gaussian;
@@ -164,37 +165,28 @@ fn suffix_match(name: &str, target: &str) -> bool {
     name == target || name.strip_suffix(target).is_some_and(|head| head.ends_with('.'))
 }
 
-impl<B: Backend> MMDiT<B> {
-    /// Every attention projection with its diffusers module name
-    /// (`transformer_blocks.{i}.attn.to_q`, `transformer_blocks.{i}.attn2.to_out.0`, ...).
-    pub(crate) fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear<B>)> {
-        let mut out = Vec::new();
-        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
-            for (name, p) in block.attn.projections_mut() {
-                out.push((format!("transformer_blocks.{i}.attn.{name}"), p));
-            }
-            if let Some(attn2) = block.attn2.as_mut() {
-                for (name, p) in attn2.projections_mut() {
-                    out.push((format!("transformer_blocks.{i}.attn2.{name}"), p));
-                }
-            }
-        }
-        out
-    }
+/// One adaptable linear layer of a model (opaque: only this crate's models hand them out).
+pub struct Projection<'a, B: Backend>(pub(crate) &'a mut LoraLinear<B>);
 
-    /// The attached adapters by module name, in model order.
-    pub(crate) fn adapters(&self) -> Vec<(String, LoraAdapter<B>)> {
-        self.clone()
-            .projections_mut()
-            .into_iter()
-            .filter_map(|(name, p)| p.lora.take().map(|l| (name, l)))
-            .collect()
+/// A model whose linear layers can carry LoRA adapters: [`MMDiT`] and [`Flux`]. The adapters
+/// are named by diffusers module names, so PEFT targets and files apply unchanged.
+pub trait Adaptable<B: Backend>: Module<B> + Sized {
+    /// Every adaptable projection (attention and feed-forward) with its diffusers module name
+    /// (`transformer_blocks.{i}.attn.to_q`, `transformer_blocks.{i}.ff.net.2`, ...), in
+    /// checkpoint order.
+    fn projections_mut(&mut self) -> Vec<(String, Projection<'_, B>)>;
+
+    /// The model with every lazily initialised parameter drawn. `init` is lazy (nothing is
+    /// allocated until used or loaded), and clones of an undrawn parameter draw independently;
+    /// call this before cloning a randomly initialised model.
+    fn materialize(self) -> Self {
+        self.map(&mut Materialize)
     }
 
     /// The adapters' factors as named tensors, `<module>.lora_A` (`A: [in, r]`) and
     /// `<module>.lora_B` (`B: [r, out]`), in model order: what the optimizer updates.
-    pub fn lora_tensors(&self) -> Vec<(String, Tensor<B, 2>)> {
-        self.adapters()
+    fn lora_tensors(&self) -> Vec<(String, Tensor<B, 2>)> {
+        adapters(self)
             .into_iter()
             .flat_map(|(name, l)| {
                 [
@@ -206,13 +198,10 @@ impl<B: Backend> MMDiT<B> {
     }
 
     /// The model with its adapters' factors replaced by `tensors` (names and shapes as
-    /// [`MMDiT::lora_tensors`] gives them; every factor must be given, as a trainable leaf).
-    pub fn with_lora_tensors(
-        mut self,
-        tensors: Vec<(String, Tensor<B, 2>)>,
-    ) -> crate::Result<Self> {
+    /// [`Adaptable::lora_tensors`] gives them; every factor must be given, as a trainable leaf).
+    fn with_lora_tensors(mut self, tensors: Vec<(String, Tensor<B, 2>)>) -> crate::Result<Self> {
         let mut by_name: BTreeMap<String, Tensor<B, 2>> = tensors.into_iter().collect();
-        for (name, p) in self.projections_mut() {
+        for (name, p) in layers(&mut self) {
             let Some(l) = p.lora.as_mut() else { continue };
             for (suffix, slot) in [("lora_A", &mut l.lora_a), ("lora_B", &mut l.lora_b)] {
                 let key = format!("{name}.{suffix}");
@@ -238,28 +227,29 @@ impl<B: Backend> MMDiT<B> {
     ///
     /// `A` of the `j`-th adapted module is `N(0, (1/r)^2)` noise drawn on the host from
     /// `(config.seed, j)`, so the initialisation does not depend on the backend; `B = 0`.
-    /// A target that matches no attention projection is an error naming it.
-    pub fn with_lora(self, config: &LoraConfig) -> crate::Result<Self> {
+    /// A target that matches no adaptable projection is an error naming it.
+    fn with_lora(self, config: &LoraConfig) -> crate::Result<Self> {
         config.validate()?;
         // Lazily initialised parameters would be drawn anew in every clone (and the reference
         // policy is a clone): fix their values first.
         let mut model = self.materialize().no_grad();
         let device = model.devices()[0].clone();
         let (r, scale) = (config.rank, config.alpha / config.rank as f64);
-        let names: Vec<String> = model.projections_mut().into_iter().map(|(n, _)| n).collect();
+        let names: Vec<String> = layers(&mut model).into_iter().map(|(n, _)| n).collect();
         for target in &config.target_modules {
             if !names.iter().any(|n| suffix_match(n, target)) {
                 return Err(crate::Error::config(
                     "lora.target_modules",
                     format!(
-                        "`{target}` matches no attention projection (adaptable modules end in \
+                        "`{target}` matches no adaptable projection (their names end in \
                          attn.to_q, attn.to_k, attn.to_v, attn.to_out.0, attn.add_q_proj, \
-                         attn.add_k_proj, attn.add_v_proj, attn.to_add_out or attn2.*)"
+                         attn.add_k_proj, attn.add_v_proj, attn.to_add_out, attn2.*, \
+                         ff.net.0.proj, ff.net.2 or ff_context.*)"
                     ),
                 ));
             }
         }
-        for (name, p) in model.projections_mut() {
+        for (name, p) in layers(&mut model) {
             let [d_in, d_out] = p.dims();
             if config.targets(&name) && r > d_in.min(d_out) {
                 return Err(crate::Error::config(
@@ -269,7 +259,7 @@ impl<B: Backend> MMDiT<B> {
             }
         }
         let mut j = 0u64;
-        for (name, p) in model.projections_mut() {
+        for (name, p) in layers(&mut model) {
             if !config.targets(&name) {
                 continue;
             }
@@ -291,17 +281,17 @@ impl<B: Backend> MMDiT<B> {
 
     /// The same network with every adapter removed: the reference policy, sharing the base
     /// tensors (nothing is copied).
-    pub fn adapters_off(&self) -> Self {
+    fn adapters_off(&self) -> Self {
         let mut model = self.clone();
-        for (_, p) in model.projections_mut() {
+        for (_, p) in layers(&mut model) {
             p.lora = None;
         }
         model
     }
 
     /// The model with every adapter merged into its base weight (`W + (alpha/r) A B`).
-    pub fn merge_lora(mut self) -> Self {
-        for (_, p) in self.projections_mut() {
+    fn merge_lora(mut self) -> Self {
+        for (_, p) in layers(&mut self) {
             let layer = std::mem::replace(
                 p,
                 LoraLinear { weight: p.weight.clone(), bias: p.bias.clone(), lora: None },
@@ -312,59 +302,33 @@ impl<B: Backend> MMDiT<B> {
     }
 
     /// Whether any adapter is attached.
-    pub fn has_lora(&self) -> bool {
-        !self.adapters().is_empty()
+    fn has_lora(&self) -> bool {
+        !adapters(self).is_empty()
     }
 
     /// Writes the adapters as a PEFT folder: `adapter_model.safetensors` (f32,
     /// `base_model.model.<module>.lora_A.weight [r, in]`, `lora_B.weight [out, r]`) and
     /// `adapter_config.json`; both files written atomically.
-    pub fn save_peft(&self, dir: impl AsRef<Path>, config: &LoraConfig) -> crate::Result<()> {
-        write_peft(dir.as_ref(), &self.peft_tensors(PEFT_PREFIX)?, config)
+    fn save_peft(&self, dir: impl AsRef<Path>, config: &LoraConfig) -> crate::Result<()> {
+        write_peft(dir.as_ref(), &peft_tensors(self, PEFT_PREFIX)?, config)
     }
 
     /// Writes the adapters as a diffusers pipeline LoRA file (`pytorch_lora_weights.safetensors`
     /// layout: f32 `transformer.<module>.lora_A.weight [r, in]` and `lora_B.weight [out, r]`,
     /// with the PEFT `LoraConfig` under the header's `lora_adapter_metadata`, so that
     /// `pipe.load_lora_weights` and `transformer.load_lora_adapter` apply `alpha / r`), atomically.
-    pub fn save_diffusers_lora(
+    fn save_diffusers_lora(
         &self,
         path: impl AsRef<Path>,
         config: &LoraConfig,
     ) -> crate::Result<()> {
-        write_diffusers_lora(path.as_ref(), &self.peft_tensors(DIFFUSERS_PREFIX)?, config)
-    }
-
-    /// [`MMDiT::save_peft`] into `dir` and [`MMDiT::save_diffusers_lora`] into its
-    /// `pytorch_lora_weights.safetensors`, the factors read from the device once.
-    pub(crate) fn save_adapter(&self, dir: &Path, config: &LoraConfig) -> crate::Result<()> {
-        let mut tensors = self.peft_tensors(PEFT_PREFIX)?;
-        write_peft(dir, &tensors, config)?;
-        for (key, ..) in &mut tensors {
-            key.replace_range(..PEFT_PREFIX.len(), DIFFUSERS_PREFIX);
-        }
-        write_diffusers_lora(&dir.join(DIFFUSERS_LORA_WEIGHTS), &tensors, config)
-    }
-
-    /// The adapters' factors in PyTorch layout under `prefix`: `<prefix><module>.lora_A.weight`
-    /// `[r, in]` and `.lora_B.weight` `[out, r]`.
-    fn peft_tensors(&self, prefix: &str) -> crate::Result<Vec<NamedTensor>> {
-        let mut tensors = Vec::new();
-        for (name, l) in self.adapters() {
-            for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {
-                let [rows, cols] = t.dims();
-                let values = t.transpose().into_data().convert::<f32>().to_vec::<f32>();
-                let values = values.map_err(|e| crate::Error::config("lora", format!("{e:?}")))?;
-                tensors.push((format!("{prefix}{name}.{suffix}.weight"), vec![cols, rows], values));
-            }
-        }
-        Ok(tensors)
+        write_diffusers_lora(path.as_ref(), &peft_tensors(self, DIFFUSERS_PREFIX)?, config)
     }
 
     /// Multiplies every adapter's update by `factor` (diffusers' adapter weight, `--adapter-scale`):
     /// `y = x W + b + factor (alpha / r) (x A) B`.
-    pub fn scale_lora(mut self, factor: f64) -> Self {
-        for (_, p) in self.projections_mut() {
+    fn scale_lora(mut self, factor: f64) -> Self {
+        for (_, p) in layers(&mut self) {
             if let Some(l) = p.lora.as_mut() {
                 l.scale *= factor;
             }
@@ -376,7 +340,7 @@ impl<B: Backend> MMDiT<B> {
     /// diffusers LoRA file or a folder holding `pytorch_lora_weights.safetensors`, or a
     /// training checkpoint folder (its `adapter/`). Returns the model and the adapter's
     /// [`LoraConfig`].
-    pub fn load_adapter(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+    fn load_adapter(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
         let path = path.as_ref();
         if path.is_file() {
             return self.load_diffusers_lora(path);
@@ -400,10 +364,10 @@ impl<B: Backend> MMDiT<B> {
         ))
     }
 
-    /// Attaches the adapters of a PEFT folder written by [`MMDiT::save_peft`] (or by PEFT for
+    /// Attaches the adapters of a PEFT folder written by [`Adaptable::save_peft`] (or by PEFT for
     /// the same targets); returns the model and the folder's [`LoraConfig`]. Every adapter
     /// tensor must exist with the shape the module needs.
-    pub fn load_peft(self, dir: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+    fn load_peft(self, dir: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
         let dir = dir.as_ref();
         let config_path = dir.join(PEFT_CONFIG);
         let text =
@@ -428,15 +392,15 @@ impl<B: Backend> MMDiT<B> {
             .with_alpha(alpha)
             .with_target_modules(targets);
         let files = WeightFiles::open(dir.join(PEFT_WEIGHTS))?;
-        let model = self.attach(&config, &files, dir, PEFT_PREFIX)?;
+        let model = attach(self, &config, &files, dir, PEFT_PREFIX)?;
         Ok((model, config))
     }
 
     /// Attaches the transformer adapters of a diffusers LoRA file (as
-    /// [`MMDiT::save_diffusers_lora`], `pipe.save_lora_weights` or a diffusers training script
+    /// [`Adaptable::save_diffusers_lora`], `pipe.save_lora_weights` or a diffusers training script
     /// write it). The targets are the modules the file holds; `alpha` is its metadata's
     /// `lora_alpha`, or the rank when the file has none (diffusers' rule, a scale of 1).
-    pub fn load_diffusers_lora(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
+    fn load_diffusers_lora(self, path: impl AsRef<Path>) -> crate::Result<(Self, LoraConfig)> {
         let path = path.as_ref();
         let files = WeightFiles::open(path)?;
         let mut modules = Vec::new();
@@ -490,59 +454,149 @@ impl<B: Backend> MMDiT<B> {
         let alpha = meta("lora_alpha").and_then(|a| a.as_f64()).unwrap_or(rank as f64);
         let config =
             LoraConfig::new().with_rank(rank).with_alpha(alpha).with_target_modules(modules);
-        let model = self.attach(&config, &files, path, DIFFUSERS_PREFIX)?;
+        let model = attach(self, &config, &files, path, DIFFUSERS_PREFIX)?;
         Ok((model, config))
     }
+}
 
-    /// The model with adapters for `config` whose factors are read from `files`
-    /// (`<prefix><module>.lora_A.weight [r, in]`, `.lora_B.weight [out, r]`); every factor must
-    /// exist with the module's shape and every tensor of the file must be used.
-    fn attach(
-        self,
-        config: &LoraConfig,
-        files: &WeightFiles,
-        source: &Path,
-        prefix: &str,
-    ) -> crate::Result<Self> {
-        let rank = config.rank;
-        let mut model = self.with_lora(config)?;
-        let device = model.devices()[0].clone();
-        let mut problems = Vec::new();
-        let mut used = 0;
-        for (name, p) in model.projections_mut() {
-            let [d_in, d_out] = p.dims();
-            let Some(l) = p.lora.as_mut() else { continue };
-            for (suffix, [rows, cols]) in [("lora_A", [rank, d_in]), ("lora_B", [d_out, rank])] {
-                let key = format!("{prefix}{name}.{suffix}.weight");
-                match files.info(&key) {
-                    None => problems.push(format!("missing key `{key}`")),
-                    Some(info) if info.shape != [rows, cols] => problems.push(format!(
-                        "`{key}`: expected shape {:?}, found {:?}",
-                        [rows, cols],
-                        info.shape
-                    )),
-                    Some(_) => {
-                        used += 1;
-                        let t = Tensor::<B, 2>::from_data(
-                            TensorData::new(files.read_f32(&key)?, [rows, cols]),
-                            &device,
-                        )
-                        .transpose();
-                        let target = if suffix == "lora_A" { &mut l.lora_a } else { &mut l.lora_b };
-                        *target = Param::from_tensor(t);
-                    }
+/// The layers behind a model's projections.
+fn layers<B: Backend, M: Adaptable<B>>(model: &mut M) -> Vec<(String, &mut LoraLinear<B>)> {
+    model.projections_mut().into_iter().map(|(name, p)| (name, p.0)).collect()
+}
+
+/// Forces lazily initialised parameters to take their values.
+struct Materialize;
+
+impl<B: Backend> ModuleMapper<B> for Materialize {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let _ = param.val();
+        param
+    }
+}
+
+/// The attached adapters by module name, in model order.
+pub(crate) fn adapters<B: Backend, M: Adaptable<B>>(model: &M) -> Vec<(String, LoraAdapter<B>)> {
+    layers(&mut model.clone())
+        .into_iter()
+        .filter_map(|(name, p)| p.lora.take().map(|l| (name, l)))
+        .collect()
+}
+
+/// [`Adaptable::save_peft`] into `dir` and [`Adaptable::save_diffusers_lora`] into its
+/// `pytorch_lora_weights.safetensors`, the factors read from the device once.
+pub(crate) fn save_adapter<B: Backend, M: Adaptable<B>>(
+    model: &M,
+    dir: &Path,
+    config: &LoraConfig,
+) -> crate::Result<()> {
+    let mut tensors = peft_tensors(model, PEFT_PREFIX)?;
+    write_peft(dir, &tensors, config)?;
+    for (key, ..) in &mut tensors {
+        key.replace_range(..PEFT_PREFIX.len(), DIFFUSERS_PREFIX);
+    }
+    write_diffusers_lora(&dir.join(DIFFUSERS_LORA_WEIGHTS), &tensors, config)
+}
+
+/// The adapters' factors in PyTorch layout under `prefix`: `<prefix><module>.lora_A.weight`
+/// `[r, in]` and `.lora_B.weight` `[out, r]`.
+fn peft_tensors<B: Backend, M: Adaptable<B>>(
+    model: &M,
+    prefix: &str,
+) -> crate::Result<Vec<NamedTensor>> {
+    let mut tensors = Vec::new();
+    for (name, l) in adapters(model) {
+        for (suffix, t) in [("lora_A", l.lora_a.val()), ("lora_B", l.lora_b.val())] {
+            let [rows, cols] = t.dims();
+            let values = t.transpose().into_data().convert::<f32>().to_vec::<f32>();
+            let values = values.map_err(|e| crate::Error::config("lora", format!("{e:?}")))?;
+            tensors.push((format!("{prefix}{name}.{suffix}.weight"), vec![cols, rows], values));
+        }
+    }
+    Ok(tensors)
+}
+
+/// The model with adapters for `config` whose factors are read from `files`
+/// (`<prefix><module>.lora_A.weight [r, in]`, `.lora_B.weight [out, r]`); every factor must
+/// exist with the module's shape and every tensor of the file must be used.
+fn attach<B: Backend, M: Adaptable<B>>(
+    model: M,
+    config: &LoraConfig,
+    files: &WeightFiles,
+    source: &Path,
+    prefix: &str,
+) -> crate::Result<M> {
+    let rank = config.rank;
+    let mut model = model.with_lora(config)?;
+    let device = model.devices()[0].clone();
+    let mut problems = Vec::new();
+    let mut used = 0;
+    for (name, p) in layers(&mut model) {
+        let [d_in, d_out] = p.dims();
+        let Some(l) = p.lora.as_mut() else { continue };
+        for (suffix, [rows, cols]) in [("lora_A", [rank, d_in]), ("lora_B", [d_out, rank])] {
+            let key = format!("{prefix}{name}.{suffix}.weight");
+            match files.info(&key) {
+                None => problems.push(format!("missing key `{key}`")),
+                Some(info) if info.shape != [rows, cols] => problems.push(format!(
+                    "`{key}`: expected shape {:?}, found {:?}",
+                    [rows, cols],
+                    info.shape
+                )),
+                Some(_) => {
+                    used += 1;
+                    let t = Tensor::<B, 2>::from_data(
+                        TensorData::new(files.read_f32(&key)?, [rows, cols]),
+                        &device,
+                    )
+                    .transpose();
+                    let target = if suffix == "lora_A" { &mut l.lora_a } else { &mut l.lora_b };
+                    *target = Param::from_tensor(t);
                 }
             }
         }
-        if used != files.keys().count() {
-            problems.push(format!(
-                "{} tensors in the file, {used} used by the targeted modules",
-                files.keys().count()
-            ));
+    }
+    if used != files.keys().count() {
+        problems.push(format!(
+            "{} tensors in the file, {used} used by the targeted modules",
+            files.keys().count()
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(crate::Error::Checkpoint { path: source.to_path_buf(), problems });
+    }
+    Ok(model)
+}
+
+impl<B: Backend> Adaptable<B> for MMDiT<B> {
+    fn projections_mut(&mut self) -> Vec<(String, Projection<'_, B>)> {
+        let mut out = Vec::new();
+        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
+            let named = block.projections_mut().into_iter();
+            out.extend(
+                named.map(|(name, p)| (format!("transformer_blocks.{i}.{name}"), Projection(p))),
+            );
         }
-        if !problems.is_empty() {
-            return Err(crate::Error::Checkpoint { path: source.to_path_buf(), problems });
+        out
+    }
+}
+
+impl<B: Backend> Adaptable<B> for Flux<B> {
+    fn projections_mut(&mut self) -> Vec<(String, Projection<'_, B>)> {
+        let mut out = Vec::new();
+        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
+            let named = block.projections_mut().into_iter();
+            out.extend(
+                named.map(|(name, p)| (format!("transformer_blocks.{i}.{name}"), Projection(p))),
+            );
         }
-        Ok(model)
+        for (i, block) in self.single_transformer_blocks.iter_mut().enumerate() {
+            let named = block.projections_mut().into_iter();
+            out.extend(
+                named.map(|(name, p)| {
+                    (format!("single_transformer_blocks.{i}.{name}"), Projection(p))
+                }),
+            );
+        }
+        out
     }
 }

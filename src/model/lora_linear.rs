@@ -7,6 +7,9 @@ use burn::tensor::module::linear;
 
 use crate::model::precision::{float_dtype, to_dtype};
 
+/// A module's adaptable layers, each with its diffusers name relative to the module.
+pub(crate) type Named<'a, B> = Vec<(&'static str, &'a mut LoraLinear<B>)>;
+
 /// A linear layer that can carry a LoRA adapter; without one it is a plain `Linear`.
 #[derive(Module, Debug)]
 pub(crate) struct LoraLinear<B: Backend> {

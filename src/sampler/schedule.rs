@@ -9,6 +9,10 @@ pub(crate) const MAX_STEPS: usize = 10_000;
 /// Training timesteps of the flow-matching scheduler.
 pub(crate) const TRAIN_TIMESTEPS: f64 = 1000.0;
 
+/// FLUX's dynamic shift: `(image tokens, mu)` at the two ends of the line `mu(L)` (diffusers'
+/// `base_image_seq_len`/`base_shift` and `max_image_seq_len`/`max_shift`).
+const FLUX_SHIFT: ((f64, f64), (f64, f64)) = ((256.0, 0.5), (4096.0, 1.15));
+
 /// The noise levels of an N-step sampling run: `N + 1` sigmas from 1 down to 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlowSchedule {
@@ -58,6 +62,36 @@ impl FlowSchedule {
         Ok(FlowSchedule { sigmas, shift: shift_s })
     }
 
+    /// The schedule of diffusers' `FluxPipeline` for `N` steps and `image_tokens` packed latent
+    /// tokens (FlowMatchEuler with dynamic shifting):
+    ///
+    /// ```text
+    /// mu      = 0.5 + (1.15 - 0.5) (L - 256) / (4096 - 256)     (L = image_tokens)
+    /// t_i     = linspace(1, 1/N, N)
+    /// sigma_i = e^mu / (e^mu + 1/t_i - 1) = shift(t_i) with s = e^mu   (shifted once)
+    /// sigmas  = [sigma_0 .. sigma_{N-1}, 0]
+    /// ```
+    ///
+    /// At 512 px (1024 tokens) and 6 steps: `[1, .90374, .78970, .65249, .48422, .27300, 0]`.
+    pub fn flux(num_steps: usize, image_tokens: usize) -> crate::Result<Self> {
+        if !(2..=MAX_STEPS).contains(&num_steps) {
+            return Err(Error::config(
+                "num_steps",
+                format!("must be between 2 and {MAX_STEPS}, got {num_steps}"),
+            ));
+        }
+        let (base, max) = (FLUX_SHIFT.0, FLUX_SHIFT.1);
+        let slope = (max.1 - base.1) / (max.0 - base.0);
+        let mu = base.1 + slope * (image_tokens as f64 - base.0);
+        let s = mu.exp();
+        let n = num_steps as f64;
+        let mut sigmas: Vec<f64> = (0..num_steps)
+            .map(|i| shift(s, 1.0 + (1.0 / n - 1.0) * i as f64 / (n - 1.0)))
+            .collect();
+        sigmas.push(0.0);
+        Ok(FlowSchedule { sigmas, shift: s })
+    }
+
     /// The number of sampling steps `N`.
     pub fn num_steps(&self) -> usize {
         self.sigmas.len() - 1
@@ -66,5 +100,34 @@ impl FlowSchedule {
     /// The timesteps fed to the model, `1000 sigma_i` for `i < N` (floats, not rounded).
     pub fn timesteps(&self) -> Vec<f64> {
         self.sigmas[..self.num_steps()].iter().map(|s| s * TRAIN_TIMESTEPS).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FlowSchedule;
+
+    /// diffusers 0.42.1's `FluxPipeline` schedule (`calculate_shift` + `retrieve_timesteps` on
+    /// FLUX.1-dev's scheduler config; `scheduler.sigmas`, stored in f32): 6 steps at 512 px, 4 at
+    /// 1024 px (mu = max_shift), 3 at 16 tokens (mu below base_shift), and 28 at 512 px.
+    #[test]
+    fn flux_schedule_matches_diffusers() {
+        let cases: [(usize, usize, &[f64]); 3] = [
+            (6, 1024, &[1.0, 0.90373558, 0.78970480, 0.65248942, 0.48421842, 0.27300331, 0.0]),
+            (4, 4096, &[1.0, 0.90453076, 0.75951093, 0.51284415, 0.0]),
+            (3, 16, &[1.0, 0.75997132, 0.44182166, 0.0]),
+        ];
+        for (n, tokens, expected) in cases {
+            let s = FlowSchedule::flux(n, tokens).unwrap();
+            assert_eq!(s.sigmas.len(), expected.len());
+            for (a, b) in s.sigmas.iter().zip(expected) {
+                assert!((a - b).abs() < 1e-6, "{n} steps, {tokens} tokens: {:?}", s.sigmas);
+            }
+        }
+        let s = FlowSchedule::flux(28, 1024).unwrap();
+        for (i, b) in [(1, 0.98065597), (14, 0.65248942), (27, 0.06501960)] {
+            assert!((s.sigmas[i] - b).abs() < 1e-6, "{:?}", s.sigmas);
+        }
+        assert!(FlowSchedule::flux(1, 1024).is_err());
     }
 }

@@ -5,6 +5,7 @@
 //! state a resumed run needs. The folder is built under a temporary name and renamed; the
 //! `latest` file then points at it (written atomically).
 
+use crate::model::Adaptable;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -96,7 +97,7 @@ pub(crate) fn save<B: Backend>(
     // `PeftModel.from_pretrained(transformer, dir)` and `pipe.load_lora_weights(dir)` both read it.
     let ema_model = model.clone().with_lora_tensors(ema.tensors.clone())?;
     for (m, folder) in [(model, "adapter"), (&ema_model, "ema")] {
-        m.save_adapter(&tmp.join(folder), lora)?;
+        crate::model::lora::save_adapter(m, &tmp.join(folder), lora)?;
     }
     let mut tensors = Vec::new();
     let mut push = |prefix: &str, name: &str, t: &Tensor<B, 2>| -> Result<()> {

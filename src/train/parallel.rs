@@ -246,6 +246,7 @@ mod tests {
     use burn::collective::CollectiveConfig;
 
     use crate::backend::{Backend as B, TrainBackend};
+    use crate::model::Adaptable;
     use crate::toy::{self, ToyAlignment};
     use crate::train::update::{Gradients, StepLosses};
     use crate::train::{Replica, Silent, TrainConfig};

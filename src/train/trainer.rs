@@ -1,6 +1,7 @@
 //! The trainer: the epoch loop over the phases (collection, credit, update), evaluation,
 //! metrics, PNGs, checkpoints and resume.
 
+use crate::model::Adaptable;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

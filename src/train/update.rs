@@ -2,6 +2,7 @@
 //! gradients summed over micro-batches and trained steps, global-norm clipping, AdamW on the
 //! adapter factors and the EMA.
 
+use crate::model::Adaptable;
 use std::collections::BTreeMap;
 
 use burn::module::AutodiffModule;

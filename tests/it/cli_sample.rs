@@ -55,7 +55,7 @@ fn sample_writes_a_png_from_the_tiny_folder() {
 #[test]
 fn sample_and_merge_apply_a_trained_adapter() {
     use tpgrpo::backend::Backend as B;
-    use tpgrpo::model::{LoraConfig, MMDiT};
+    use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 
     let model: PathBuf =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline/sd3_tiny");

@@ -5,7 +5,7 @@ use crate::common;
 use burn::prelude::*;
 use tpgrpo::backend::{self, TrainBackend as AB};
 use tpgrpo::grpo::{kl_penalty, policy_loss};
-use tpgrpo::model::{LoraConfig, MMDiT};
+use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 use tpgrpo::sampler::{cps_step, Conditioning, FlowSchedule, Guidance};
 
 fn floats(t: Tensor<<AB as burn::tensor::backend::AutodiffBackend>::InnerBackend, 1>) -> Vec<f32> {

@@ -8,7 +8,7 @@ use burn::backend::Autodiff;
 use burn::prelude::*;
 use common::{noise, scratch, tiny_config};
 use tpgrpo::backend::Backend as B;
-use tpgrpo::model::{LoraConfig, MMDiT};
+use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 use tpgrpo::rng::gaussian;
 use tpgrpo::train::GradientNoise;
 use tpgrpo::weights::{export_params, WeightFiles};
@@ -69,9 +69,18 @@ fn fresh_adapters_leave_the_output_unchanged_and_follow_peft_targets() {
     let attn2 = LoraConfig::new().with_rank(4).with_target_modules(vec!["attn2.to_q".into()]);
     let names = modules(&base.clone().with_lora(&attn2).unwrap());
     assert_eq!(names, vec!["transformer_blocks.0.attn2.to_q".to_string()]);
-    let bad = LoraConfig::new().with_target_modules(vec!["ff.net.0.proj".into()]);
+    // Feed-forward projections are adaptable too (PEFT's names); the text stream's MLP is
+    // `ff_context`, absent from the last block.
+    let ff = LoraConfig::new().with_rank(4).with_target_modules(vec!["ff.net.0.proj".into()]);
+    assert_eq!(modules(&base.clone().with_lora(&ff).unwrap()).len(), 3);
+    let ff_context = ff.clone().with_target_modules(vec!["ff_context.net.2".into()]);
+    assert_eq!(
+        modules(&base.clone().with_lora(&ff_context).unwrap()),
+        ["transformer_blocks.0.ff_context.net.2", "transformer_blocks.1.ff_context.net.2"]
+    );
+    let bad = LoraConfig::new().with_target_modules(vec!["norm1.linear".into()]);
     let err = base.clone().with_lora(&bad).unwrap_err().to_string();
-    assert!(err.contains("target_modules") && err.contains("ff.net.0.proj"), "{err}");
+    assert!(err.contains("target_modules") && err.contains("norm1.linear"), "{err}");
     let err = base.clone().with_lora(&LoraConfig::new().with_rank(0)).unwrap_err().to_string();
     assert!(err.contains("lora.rank"), "{err}");
     // A rank above a targeted layer's own (16 -> 16 here) adds nothing and is refused before

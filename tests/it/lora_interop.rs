@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
 use tpgrpo::backend::Backend as B;
-use tpgrpo::model::{LoraConfig, MMDiT, DIFFUSERS_LORA_WEIGHTS};
+use tpgrpo::model::{Adaptable, LoraConfig, MMDiT, DIFFUSERS_LORA_WEIGHTS};
 use tpgrpo::weights::WeightFiles;
 
 use crate::common;

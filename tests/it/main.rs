@@ -13,6 +13,7 @@ mod common;
 mod credit_properties;
 mod data_parallel;
 mod doctor;
+mod flux_parity;
 mod grpo_loss;
 mod lora;
 mod lora_interop;

@@ -13,7 +13,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType};
 use tpgrpo::model::cast_params;
-use tpgrpo::model::{LoraConfig, MMDiT, Precision};
+use tpgrpo::model::{Adaptable, LoraConfig, MMDiT, Precision};
 
 use crate::common;
 

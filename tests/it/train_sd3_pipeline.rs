@@ -7,7 +7,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 
 use tpgrpo::backend::{Backend as B, TrainBackend};
-use tpgrpo::model::MMDiT;
+use tpgrpo::model::{Adaptable, MMDiT};
 use tpgrpo::pipeline::{EmbeddingCache, Sd3Conditioner};
 use tpgrpo::toy;
 use tpgrpo::train::Silent;

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use tpgrpo::backend::{Backend as B, TrainBackend};
 use tpgrpo::grpo::{credit_batch, flow_grpo_advantages, tp_grpo_advantages, ObjectiveConfig};
+use tpgrpo::model::Adaptable;
 use tpgrpo::toy::{self, ToyPipeline, ToyScorer};
 use tpgrpo::train::Silent;
 use tpgrpo::train::{EpochMetrics, Observer, Phase, TrainConfig, Trainer};

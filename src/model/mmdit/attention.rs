@@ -1,24 +1,31 @@
-//! Joint attention over `[image; text]` tokens, and the image-only self-attention of SD3.5's
-//! dual-attention blocks, with optional per-head RMS query/key normalisation.
+//! Joint attention over image and text tokens, and the self-attention of SD3.5's
+//! dual-attention blocks and FLUX's single-stream blocks, with optional per-head RMS
+//! query/key normalisation and rotary positions (FLUX).
 
 use crate::model::attention::{attend, merge_heads, split_heads, Scores};
-use crate::model::lora_linear::{LoraLinear, LoraLinearConfig};
+use crate::model::lora_linear::{LoraLinear, LoraLinearConfig, Named};
+use crate::model::rope::Rope;
 use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
 /// Epsilon of the per-head RMSNorm on queries and keys.
 pub(crate) const QK_NORM_EPS: f64 = 1e-6;
 
-/// Projects `x` to heads and applies the optional per-head RMSNorm.
+/// Projects `x` to heads, then applies the optional per-head RMSNorm and rotation.
 fn project<B: Backend>(
     x: Tensor<B, 3>,
     proj: &LoraLinear<B>,
     norm: &Option<RmsNorm<B>>,
     heads: usize,
+    rope: Option<&Rope<B>>,
 ) -> Tensor<B, 4> {
     let h = split_heads(proj.forward(x), heads);
-    match norm {
+    let h = match norm {
         Some(norm) => norm.forward(h),
+        None => h,
+    };
+    match rope {
+        Some(rope) => rope.apply(h),
         None => h,
     }
 }
@@ -101,29 +108,42 @@ impl<B: Backend> JointAttention<B> {
     /// Attends over the concatenation of image tokens `x [B, N, D]` and text tokens
     /// `c [B, L, D]`; returns the projected image part and, unless the block is context-pre-only,
     /// the projected text part.
+    ///
+    /// `rope` (FLUX) holds the text tokens' rows, then the image tokens' (`L + N` rows); each
+    /// stream's queries and keys are rotated by their own rows. Attention does not depend on the
+    /// order of the keys, so concatenating image first (SD3) gives FLUX's text-first result.
     pub(crate) fn forward(
         &self,
         x: Tensor<B, 3>,
         c: Tensor<B, 3>,
+        rope: Option<&Rope<B>>,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
-        let n = x.dims()[1];
+        let (n, l) = (x.dims()[1], c.dims()[1]);
         let h = self.heads;
+        let (rope_x, rope_c) = match rope {
+            Some(r) => (Some(r.rows(l..l + n)), Some(r.rows(0..l))),
+            None => (None, None),
+        };
+        let (rx, rc) = (rope_x.as_ref(), rope_c.as_ref());
         let q = Tensor::cat(
             vec![
-                project(x.clone(), &self.to_q, &self.norm_q, h),
-                project(c.clone(), &self.add_q_proj, &self.norm_added_q, h),
+                project(x.clone(), &self.to_q, &self.norm_q, h, rx),
+                project(c.clone(), &self.add_q_proj, &self.norm_added_q, h, rc),
             ],
             2,
         );
         let k = Tensor::cat(
             vec![
-                project(x.clone(), &self.to_k, &self.norm_k, h),
-                project(c.clone(), &self.add_k_proj, &self.norm_added_k, h),
+                project(x.clone(), &self.to_k, &self.norm_k, h, rx),
+                project(c.clone(), &self.add_k_proj, &self.norm_added_k, h, rc),
             ],
             2,
         );
         let v = Tensor::cat(
-            vec![project(x, &self.to_v, &None, h), project(c, &self.add_v_proj, &None, h)],
+            vec![
+                project(x, &self.to_v, &None, h, None),
+                project(c, &self.add_v_proj, &None, h, None),
+            ],
             2,
         );
         let out = merge_heads(attend(q, k, v, None, Scores::default()));
@@ -135,8 +155,8 @@ impl<B: Backend> JointAttention<B> {
     }
 
     /// The adaptable projections with their diffusers module names.
-    pub(crate) fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
-        let mut out: Vec<(&'static str, &mut LoraLinear<B>)> = vec![
+    pub(crate) fn projections_mut(&mut self) -> Named<'_, B> {
+        let mut out: Named<'_, B> = vec![
             ("to_q", &mut self.to_q),
             ("to_k", &mut self.to_k),
             ("to_v", &mut self.to_v),
@@ -152,7 +172,8 @@ impl<B: Backend> JointAttention<B> {
     }
 }
 
-/// Image-only self-attention (`attn2` of SD3.5 dual-attention blocks).
+/// Self-attention over one stream (`attn2` of SD3.5 dual-attention blocks, `attn` of FLUX's
+/// single-stream blocks).
 #[derive(Module, Debug)]
 pub(crate) struct SelfAttention<B: Backend> {
     /// Queries.
@@ -161,8 +182,9 @@ pub(crate) struct SelfAttention<B: Backend> {
     pub(crate) to_k: LoraLinear<B>,
     /// Values.
     pub(crate) to_v: LoraLinear<B>,
-    /// Output projection (checkpoint key `to_out.0`).
-    pub(crate) to_out: LoraLinear<B>,
+    /// Output projection (checkpoint key `to_out.0`); absent when `pre_only` (FLUX's single
+    /// blocks project the attention together with their MLP).
+    pub(crate) to_out: Option<LoraLinear<B>>,
     /// Per-head RMSNorm of queries.
     pub(crate) norm_q: Option<RmsNorm<B>>,
     /// Per-head RMSNorm of keys.
@@ -181,6 +203,9 @@ pub(crate) struct SelfAttentionConfig {
     /// Per-head RMSNorm of queries and keys.
     #[config(default = false)]
     qk_norm: bool,
+    /// No output projection (diffusers' `pre_only`).
+    #[config(default = false)]
+    pre_only: bool,
 }
 
 impl SelfAttentionConfig {
@@ -192,7 +217,7 @@ impl SelfAttentionConfig {
             to_q: linear(),
             to_k: linear(),
             to_v: linear(),
-            to_out: linear(),
+            to_out: (!self.pre_only).then(linear),
             norm_q: qk_norm(qk, dim / heads, device),
             norm_k: qk_norm(qk, dim / heads, device),
             heads,
@@ -201,22 +226,27 @@ impl SelfAttentionConfig {
 }
 
 impl<B: Backend> SelfAttention<B> {
-    /// `to_out(attention(x))` for tokens `x [B, N, D]`.
-    pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// `to_out(attention(x))` for tokens `x [B, N, D]` (without `to_out` when pre-only), the
+    /// queries and keys rotated by `rope` (`N` rows) when given.
+    pub(crate) fn forward(&self, x: Tensor<B, 3>, rope: Option<&Rope<B>>) -> Tensor<B, 3> {
         let h = self.heads;
-        let q = project(x.clone(), &self.to_q, &self.norm_q, h);
-        let k = project(x.clone(), &self.to_k, &self.norm_k, h);
-        let v = project(x, &self.to_v, &None, h);
-        self.to_out.forward(merge_heads(attend(q, k, v, None, Scores::default())))
+        let q = project(x.clone(), &self.to_q, &self.norm_q, h, rope);
+        let k = project(x.clone(), &self.to_k, &self.norm_k, h, rope);
+        let v = project(x, &self.to_v, &None, h, None);
+        let out = merge_heads(attend(q, k, v, None, Scores::default()));
+        match &self.to_out {
+            Some(proj) => proj.forward(out),
+            None => out,
+        }
     }
 
     /// The adaptable projections with their diffusers module names.
-    pub(crate) fn projections_mut(&mut self) -> Vec<(&'static str, &mut LoraLinear<B>)> {
-        vec![
-            ("to_q", &mut self.to_q),
-            ("to_k", &mut self.to_k),
-            ("to_v", &mut self.to_v),
-            ("to_out.0", &mut self.to_out),
-        ]
+    pub(crate) fn projections_mut(&mut self) -> Named<'_, B> {
+        let mut out: Named<'_, B> =
+            vec![("to_q", &mut self.to_q), ("to_k", &mut self.to_k), ("to_v", &mut self.to_v)];
+        if let Some(p) = self.to_out.as_mut() {
+            out.push(("to_out.0", p));
+        }
+        out
     }
 }

@@ -1,7 +1,6 @@
 //! The joint transformer block: AdaLN-modulated joint attention and MLPs on the image and
 //! text streams (diffusers `JointTransformerBlock`).
 
-use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
 use super::attention::{JointAttention, JointAttentionConfig, SelfAttention, SelfAttentionConfig};
@@ -9,6 +8,8 @@ use super::norm::{
     layer_norm, modulate, AdaLayerNormContinuous, AdaLayerNormContinuousConfig, AdaLayerNormZero,
     AdaLayerNormZeroConfig,
 };
+use crate::model::lora_linear::{LoraLinear, LoraLinearConfig, Named};
+use crate::model::rope::Rope;
 
 /// GELU with the tanh approximation, `0.5 x (1 + tanh(z))`, `z = sqrt(2/pi) (x + 0.044715 x^3)`,
 /// evaluated as the identical `x * sigmoid(2z) = x / (1 + exp(-2z))`: one exponential instead of
@@ -25,9 +26,9 @@ pub(crate) fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B
 #[derive(Module, Debug)]
 pub(crate) struct FeedForward<B: Backend> {
     /// `Linear(D, 4D)` feeding the GELU (`net.0.proj`).
-    pub(crate) proj_in: Linear<B>,
+    pub(crate) proj_in: LoraLinear<B>,
     /// `Linear(4D, D)` (`net.2`).
-    pub(crate) proj_out: Linear<B>,
+    pub(crate) proj_out: LoraLinear<B>,
 }
 
 /// Settings of a [`FeedForward`].
@@ -42,8 +43,8 @@ impl FeedForwardConfig {
     pub(crate) fn init<B: Backend>(&self, device: &B::Device) -> FeedForward<B> {
         let dim = self.dim;
         FeedForward {
-            proj_in: LinearConfig::new(dim, 4 * dim).init(device),
-            proj_out: LinearConfig::new(4 * dim, dim).init(device),
+            proj_in: LoraLinearConfig::new(dim, 4 * dim).init(device),
+            proj_out: LoraLinearConfig::new(4 * dim, dim).init(device),
         }
     }
 }
@@ -52,6 +53,11 @@ impl<B: Backend> FeedForward<B> {
     /// `proj_out(gelu_tanh(proj_in(x)))`.
     pub(crate) fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.proj_out.forward(gelu_tanh(self.proj_in.forward(x)))
+    }
+
+    /// The adaptable projections with their diffusers module names.
+    pub(crate) fn projections_mut(&mut self) -> Named<'_, B> {
+        vec![("net.0.proj", &mut self.proj_in), ("net.2", &mut self.proj_out)]
     }
 }
 
@@ -128,8 +134,29 @@ impl JointTransformerBlockConfig {
 }
 
 impl<B: Backend> JointTransformerBlock<B> {
+    /// The adaptable projections with their module names inside the block (`attn.to_q`,
+    /// `attn2.to_out.0`, `ff.net.0.proj`, `ff_context.net.2`, ...), in checkpoint order.
+    pub(crate) fn projections_mut(&mut self) -> Vec<(String, &mut LoraLinear<B>)> {
+        let mut groups: Vec<(&str, Named<'_, B>)> = vec![("attn", self.attn.projections_mut())];
+        if let Some(attn2) = self.attn2.as_mut() {
+            groups.push(("attn2", attn2.projections_mut()));
+        }
+        groups.push(("ff", self.ff.projections_mut()));
+        if let Some(ff) = self.ff_context.as_mut() {
+            groups.push(("ff_context", ff.projections_mut()));
+        }
+        let out = groups
+            .into_iter()
+            .flat_map(|(prefix, list)| {
+                list.into_iter().map(move |(n, p)| (format!("{prefix}.{n}"), p))
+            })
+            .collect();
+        out
+    }
+
     /// Updates image tokens `x [B, N, D]` and text tokens `c [B, L, D]` under `temb [B, D]`;
-    /// the last block returns no text tokens.
+    /// the last block returns no text tokens. FLUX's double-stream blocks are these blocks with
+    /// qk-norm and `rope` (text rows, then image rows) rotating the joint attention.
     ///
     /// ```text
     /// x += gate_msa * attn_x(n_x, n_c)           n_x = modulate(LN(x), shift_msa, scale_msa)
@@ -142,6 +169,7 @@ impl<B: Backend> JointTransformerBlock<B> {
         x: Tensor<B, 3>,
         c: Tensor<B, 3>,
         temb: Tensor<B, 2>,
+        rope: Option<&Rope<B>>,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 3>>) {
         let m = self.norm1.forward(x.clone(), temb.clone());
         let (n_c, c_mod) = match &self.norm1_context {
@@ -151,10 +179,10 @@ impl<B: Backend> JointTransformerBlock<B> {
             }
             ContextNorm::Continuous(norm) => (norm.forward(c.clone(), temb), None),
         };
-        let (attn_x, attn_c) = self.attn.forward(m.x, n_c);
+        let (attn_x, attn_c) = self.attn.forward(m.x, n_c, rope);
         let mut x = x + attn_x * m.gate_msa.unsqueeze_dim(1);
         if let (Some(attn2), Some((n_x2, gate2))) = (&self.attn2, m.second) {
-            x = x + attn2.forward(n_x2) * gate2.unsqueeze_dim(1);
+            x = x + attn2.forward(n_x2, None) * gate2.unsqueeze_dim(1);
         }
         let ff = self.ff.forward(modulate(layer_norm(x.clone()), m.shift_mlp, m.scale_mlp));
         let x = x + ff * m.gate_mlp.unsqueeze_dim(1);

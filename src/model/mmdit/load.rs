@@ -5,6 +5,7 @@
 //! Stability layout differs by renames, fused `qkv` tensors and swapped AdaLN-continuous halves
 //! ([`stability_key`]).
 
+use crate::model::Adaptable;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
@@ -287,7 +288,7 @@ impl<B: Backend> MMDiT<B> {
 
     /// Saves the model as a diffusers `transformer/` folder (`config.json` and an f32
     /// `diffusion_pytorch_model.safetensors`), each file written atomically. A model with LoRA
-    /// adapters must be merged ([`MMDiT::merge_lora`]) or exported ([`MMDiT::save_peft`]) first.
+    /// adapters must be merged ([`Adaptable::merge_lora`](crate::model::Adaptable::merge_lora)) or exported ([`Adaptable::save_peft`](crate::model::Adaptable::save_peft)) first.
     pub fn save_diffusers(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
         if self.has_lora() {

@@ -10,7 +10,7 @@ pub(crate) mod embed;
 pub(crate) mod load;
 pub(crate) mod norm;
 
-use burn::module::{ModuleMapper, Param};
+use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
@@ -88,16 +88,6 @@ fn zero_linear<B: Backend>(linear: &mut Linear<B>, device: &B::Device) {
     }
 }
 
-/// Forces lazily initialised parameters to take their values.
-struct Materialize;
-
-impl<B: Backend> ModuleMapper<B> for Materialize {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let _ = param.val();
-        param
-    }
-}
-
 impl<B: Backend> MMDiT<B> {
     /// The model with DiT's adaLN-Zero initialisation for training from scratch: every
     /// modulation linear (`norm1`, `norm1_context`, `norm_out`) and `proj_out` set to zero.
@@ -117,13 +107,6 @@ impl<B: Backend> MMDiT<B> {
         zero_linear(&mut self.norm_out.linear, device);
         zero_linear(&mut self.proj_out, device);
         self
-    }
-
-    /// The model with every lazily initialised parameter drawn. [`MMDiTConfig::init`] is lazy
-    /// (nothing is allocated until used or loaded), and clones of an undrawn parameter draw
-    /// independently; call this before cloning a randomly initialised model.
-    pub fn materialize(self) -> Self {
-        self.map(&mut Materialize)
     }
 
     /// Predicts the velocity `[B, out_channels, H, W]` in `latent`'s dtype, computed in the
@@ -188,6 +171,7 @@ impl<B: Backend> MMDiT<B> {
                 x,
                 c.expect("only the last block drops the text stream"),
                 temb.clone(),
+                None,
             );
             x = nx;
             c = nc;
@@ -218,6 +202,7 @@ mod tests {
 
     use super::MMDiTConfig;
     use crate::backend::Backend as B;
+    use crate::model::Adaptable;
 
     #[test]
     fn zero_modulation_makes_blocks_identities_and_the_output_zero() {
@@ -241,13 +226,14 @@ mod tests {
         let c = Tensor::<B, 3>::random([2, 4, 16], Distribution::Normal(0.0, 1.0), &device);
         let temb = Tensor::<B, 2>::random([2, 16], Distribution::Normal(0.0, 1.0), &device);
         // Torch's default initialisation: the first (dual-attention) block changes both streams.
-        let (x1, c1) = random.transformer_blocks[0].forward(x.clone(), c.clone(), temb.clone());
+        let (x1, c1) =
+            random.transformer_blocks[0].forward(x.clone(), c.clone(), temb.clone(), None);
         assert!((x1 - x.clone()).abs().max().into_scalar() > 1e-2);
         assert!((c1.unwrap() - c.clone()).abs().max().into_scalar() > 1e-2);
 
         let zero = random.zero_init_modulation(&device);
         for block in &zero.transformer_blocks[..2] {
-            let (x1, c1) = block.forward(x.clone(), c.clone(), temb.clone());
+            let (x1, c1) = block.forward(x.clone(), c.clone(), temb.clone(), None);
             x1.into_data().assert_eq(&x.clone().into_data(), true);
             c1.unwrap().into_data().assert_eq(&c.clone().into_data(), true);
         }
