@@ -56,6 +56,7 @@
 //!
 //! ```no_run
 //! use tpgrpo::backend::{self, Backend};
+//! use tpgrpo::model::Adaptable;
 //! use tpgrpo::pipeline::{SampleConfig, Sd3Pipeline, DEFAULT_T5_LENGTH};
 //!
 //! fn main() -> tpgrpo::Result<()> {

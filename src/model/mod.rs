@@ -13,7 +13,7 @@ pub(crate) mod t5;
 pub(crate) mod vae;
 
 pub use clip::{ClipTextConfig, ClipTextModel};
-pub use flux::{Flux, FluxConfig};
+pub use flux::{pack_latents, unpack_latents, Flux, FluxConfig};
 pub use lora::{Adaptable, LoraConfig, Projection, DIFFUSERS_LORA_WEIGHTS};
 pub use mmdit::{MMDiT, MMDiTConfig};
 pub use precision::{cast_params, dtype_name, Precision};

@@ -1,11 +1,13 @@
 //! The SD3 / SD3.5 text-to-image pipeline over a diffusers folder: tokenizers, CLIP-L, CLIP-G
 //! and T5 prompt encoding assembled as `StableDiffusion3Pipeline.encode_prompt` does, the
-//! MMDiT with the flow-matching Euler sampler and CFG, and the VAE decoder.
+//! MMDiT with the flow-matching Euler sampler and CFG, and the VAE decoder; and the FLUX.1
+//! pipeline ([`FluxPipeline`]).
 //!
 //! Folder layout: `model_index.json`, `transformer/`, `vae/`, `text_encoder{,_2,_3}/`,
 //! `tokenizer{,_2,_3}/`, `scheduler/scheduler_config.json` (see docs/pipeline.md).
 
 mod config;
+mod flux;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,7 @@ use crate::sampler::{ode_sample, seeded_noise, Conditioning, FlowSchedule, TextT
 pub use crate::tokenizer::TextTokenizer;
 use crate::weights::{save_safetensors_with_metadata, WeightFiles};
 pub use config::SampleConfig;
+pub use flux::{flux_latent_size, FluxConditioner, FluxPipeline, FluxTextEncoders};
 
 /// CLIP's sequence length.
 pub const CLIP_LENGTH: usize = 77;

@@ -2,8 +2,10 @@
 
 use burn::prelude::*;
 
+use super::schedule::TRAIN_TIMESTEPS;
 use crate::error::Error;
-use crate::model::MMDiT;
+use crate::model::flux::{pack_latents, unpack_latents};
+use crate::model::{Flux, MMDiT};
 
 /// Prompt conditioning of a batch: text features `[B, L, J]` and pooled vectors `[B, P]`.
 #[derive(Debug, Clone)]
@@ -47,7 +49,8 @@ pub(crate) fn select_rows<B: Backend, const D: usize>(
     t.clone().select(0, idx)
 }
 
-/// A velocity field `v(x, t, c)`: the MMDiT, or an analytic field in tests.
+/// A velocity field `v(x, t, c)`: the MMDiT, FLUX ([`FluxVelocity`]), or an analytic field in
+/// tests.
 pub trait VelocityModel<B: Backend> {
     /// The velocity `[B, C, H, W]` of latents `[B, C, H, W]` at timesteps `[B]` (`sigma * 1000`).
     fn velocity(
@@ -69,11 +72,50 @@ impl<B: Backend> VelocityModel<B> for MMDiT<B> {
     }
 }
 
+/// FLUX as a velocity field of unpacked latents `[B, C, H, W]` (`H`, `W` even): the latents are
+/// packed 2x2 into tokens, the rotary angles follow the token grid and the text length, the
+/// guidance scale is embedded when the model was distilled with it, and the prediction is
+/// unpacked. Sample it with a CFG scale of 1 (one pass per step).
+#[derive(Debug, Clone)]
+pub struct FluxVelocity<'a, B: Backend> {
+    /// The transformer.
+    pub model: &'a Flux<B>,
+    /// The embedded guidance scale (ignored by models without guidance embedding).
+    pub guidance: f64,
+}
+
+impl<B: Backend> VelocityModel<B> for FluxVelocity<'_, B> {
+    fn velocity(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+    ) -> crate::Result<Tensor<B, 4>> {
+        let [b, _, h, w] = latent.dims();
+        let device = latent.device();
+        let tokens = pack_latents(latent)?;
+        let rope = self.model.rope(cond.text.dims()[1], h / 2, w / 2, &device)?;
+        let guidance =
+            self.model.config.guidance_embeds.then(|| Tensor::full([b], self.guidance, &device));
+        let v = self.model.forward(
+            tokens,
+            timestep / TRAIN_TIMESTEPS,
+            guidance,
+            cond.text.clone(),
+            cond.pooled.clone(),
+            &rope,
+        )?;
+        unpack_latents(v, h, w)
+    }
+}
+
 /// Classifier-free guidance for a batch: the stacked conditioning `[uncond; cond]` built once
-/// and the scale `g`.
+/// and the scale `g`. As in diffusers (`do_classifier_free_guidance = guidance_scale > 1`), a
+/// scale of at most 1 means no guidance: one conditional pass, the unconditional prompt unused
+/// (FLUX, whose guidance is embedded, samples this way).
 #[derive(Debug, Clone)]
 pub struct Guidance<B: Backend> {
-    /// `[uncond; cond]`, batch `2B`.
+    /// `[uncond; cond]`, batch `2B`; only `cond`, batch `B`, when `scale <= 1`.
     pub both: Conditioning<B>,
     /// The CFG scale `g`.
     pub scale: f64,
@@ -107,11 +149,17 @@ impl<B: Backend> Guidance<B> {
             text: Tensor::cat(vec![c.text.clone(); reps], 0),
             pooled: Tensor::cat(vec![c.pooled.clone(); reps], 0),
         };
-        Ok(Guidance { both: repeat(uncond).cat(repeat(cond)), scale })
+        let both = if scale > 1.0 { repeat(uncond).cat(repeat(cond)) } else { repeat(cond) };
+        Ok(Guidance { both, scale })
+    }
+
+    /// Whether the unconditional branch is evaluated (`scale > 1`).
+    pub fn is_guided(&self) -> bool {
+        self.scale > 1.0
     }
 
     /// The guided velocity `v = u + g (c - u)`, the unconditional `u` and conditional `c` from
-    /// ONE forward pass on `[latent; latent]`.
+    /// ONE forward pass on `[latent; latent]`; `c` alone when the scale is at most 1.
     pub fn velocity<M: VelocityModel<B>>(
         &self,
         model: &M,
@@ -119,6 +167,16 @@ impl<B: Backend> Guidance<B> {
         timestep: Tensor<B, 1>,
     ) -> crate::Result<Tensor<B, 4>> {
         let b = latent.dims()[0];
+        if !self.is_guided() {
+            if b != self.both.batch() {
+                return Err(Error::shape(
+                    "latent",
+                    format!("batch {} (the conditioning's)", self.both.batch()),
+                    &latent.dims(),
+                ));
+            }
+            return model.velocity(latent, timestep, &self.both);
+        }
         if 2 * b != self.both.batch() {
             return Err(Error::shape(
                 "latent",

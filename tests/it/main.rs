@@ -14,6 +14,7 @@ mod credit_properties;
 mod data_parallel;
 mod doctor;
 mod flux_parity;
+mod flux_pipeline;
 mod grpo_loss;
 mod lora;
 mod lora_interop;

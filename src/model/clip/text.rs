@@ -10,7 +10,7 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, Linear, LinearConfig};
 use burn::prelude::*;
 
 use super::encoder::{validate_shape, ClipEncoder, ClipEncoderConfig};
-use crate::weights::{load_folder, torch_param_name, Source};
+use crate::weights::{load_folder, torch_param_name, Source, WeightFiles};
 
 /// A CLIP text encoder's `config.json` (the fields SD3 uses).
 #[derive(Config, Debug)]
@@ -85,9 +85,9 @@ impl ClipTextConfig {
                 encoder: shape.init(device),
                 final_layer_norm: shape.norm(device),
             },
-            text_projection: LinearConfig::new(d, self.projection_dim)
-                .with_bias(false)
-                .init(device),
+            text_projection: Some(
+                LinearConfig::new(d, self.projection_dim).with_bias(false).init(device),
+            ),
             eos_token_id: self.eos_token_id as usize,
             vocab_size: self.vocab_size,
             max_positions: self.max_position_embeddings,
@@ -115,13 +115,13 @@ pub(crate) struct ClipTextTransformer<B: Backend> {
     pub(crate) final_layer_norm: LayerNorm<B>,
 }
 
-/// `CLIPTextModelWithProjection`.
+/// `CLIPTextModelWithProjection` (SD3), or `CLIPTextModel` (FLUX: no projection).
 #[derive(Module, Debug)]
 pub struct ClipTextModel<B: Backend> {
     /// The transformer.
     pub(crate) text_model: ClipTextTransformer<B>,
-    /// Pooled-feature projection, no bias.
-    pub(crate) text_projection: Linear<B>,
+    /// Pooled-feature projection, no bias; absent in a `CLIPTextModel`.
+    pub(crate) text_projection: Option<Linear<B>>,
     eos_token_id: usize,
     vocab_size: usize,
     max_positions: usize,
@@ -132,18 +132,31 @@ pub struct ClipTextModel<B: Backend> {
 pub struct ClipOutput<B: Backend> {
     /// Per-token features: the penultimate layer's output (`hidden_states[-2]`), `[B, T, D]`.
     pub hidden: Tensor<B, 3>,
-    /// Projected pooled feature (`text_embeds`), `[B, projection_dim]`.
+    /// Projected pooled feature (`text_embeds`), `[B, projection_dim]`; without a projection
+    /// the pooled feature itself (`pooler_output`), `[B, D]`.
     pub pooled: Tensor<B, 2>,
 }
 
 impl<B: Backend> ClipTextModel<B> {
     /// Loads a transformers `text_encoder/` folder: `config.json` and `model.safetensors` (or
-    /// shards). The `position_ids` buffer of older checkpoints is ignored.
+    /// shards), a `CLIPTextModelWithProjection` or, when the weights hold no
+    /// `text_projection.weight`, a `CLIPTextModel`. The `position_ids` buffer of older
+    /// checkpoints is ignored.
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
+        let dir = dir.as_ref();
+        // Unreadable weights are reported by `load_folder` below, after the config.
+        let projected = WeightFiles::open_dir(dir, "model")
+            .map_or(true, |files| files.info("text_projection.weight").is_some());
         load_folder(
-            dir.as_ref(),
+            dir,
             "model",
-            |config: &ClipTextConfig| config.init(device),
+            |config: &ClipTextConfig| {
+                let mut model = config.init(device)?;
+                if !projected {
+                    model.text_projection = None;
+                }
+                Ok(model)
+            },
             |path| Source::key(torch_param_name(path)),
             |key| !key.ends_with("position_ids"),
         )
@@ -172,7 +185,7 @@ impl<B: Backend> ClipTextModel<B> {
     }
 
     /// Encodes token sequences of equal length (at most 77): penultimate-layer features and
-    /// the projected feature of the final-normed last layer at each pooling position.
+    /// the (projected) feature of the final-normed last layer at each pooling position.
     pub fn forward(&self, ids: &[Vec<u32>], device: &B::Device) -> crate::Result<ClipOutput<B>> {
         let t = ids.first().map_or(0, Vec::len);
         if ids.is_empty() || t == 0 || t > self.max_positions || ids.iter().any(|r| r.len() != t) {
@@ -209,7 +222,11 @@ impl<B: Backend> ClipTextModel<B> {
             .enumerate()
             .map(|(i, &p)| x.clone().slice([i..i + 1, p..p + 1]).reshape([1, d]))
             .collect();
-        let pooled = self.text_projection.forward(Tensor::cat(rows, 0));
+        let pooled = Tensor::cat(rows, 0);
+        let pooled = match &self.text_projection {
+            Some(projection) => projection.forward(pooled),
+            None => pooled,
+        };
         Ok(ClipOutput { hidden, pooled })
     }
 }

@@ -81,6 +81,52 @@ impl FluxConfig {
     }
 }
 
+/// Packs latents `[B, C, H, W]` (`H`, `W` even) into tokens `[B, (H/2)(W/2), 4C]`, row-major
+/// over the 2x2 cells, channel `4c + 2i + j` holding pixel `(i, j)` of channel `c` (diffusers'
+/// `FluxPipeline._pack_latents`).
+pub fn pack_latents<B: Backend>(latents: Tensor<B, 4>) -> Result<Tensor<B, 3>> {
+    let [b, c, h, w] = latents.dims();
+    if !h.is_multiple_of(2) || !w.is_multiple_of(2) || h == 0 || w == 0 {
+        return Err(Error::shape(
+            "latents",
+            "[B, C, H, W] with H and W positive and even",
+            &[b, c, h, w],
+        ));
+    }
+    Ok(latents.reshape([b, c, h / 2, 2, w / 2, 2]).permute([0, 2, 4, 1, 3, 5]).reshape([
+        b,
+        (h / 2) * (w / 2),
+        4 * c,
+    ]))
+}
+
+/// Unpacks tokens `[B, (H/2)(W/2), 4C]` into latents `[B, C, H, W]`: the inverse of
+/// [`pack_latents`].
+pub fn unpack_latents<B: Backend>(
+    tokens: Tensor<B, 3>,
+    h: usize,
+    w: usize,
+) -> Result<Tensor<B, 4>> {
+    let [b, l, c4] = tokens.dims();
+    if !h.is_multiple_of(2)
+        || !w.is_multiple_of(2)
+        || l != (h / 2) * (w / 2)
+        || !c4.is_multiple_of(4)
+    {
+        return Err(Error::shape(
+            "tokens",
+            format!("[B, {}, 4C] for an even {h}x{w} latent", (h / 2) * (w / 2)),
+            &[b, l, c4],
+        ));
+    }
+    Ok(tokens.reshape([b, h / 2, w / 2, c4 / 4, 2, 2]).permute([0, 3, 1, 4, 2, 5]).reshape([
+        b,
+        c4 / 4,
+        h,
+        w,
+    ]))
+}
+
 /// Position ids `(0, row, col)` of the tokens of a `rows x cols` packed latent grid, row-major
 /// (the FLUX pipeline's `img_ids`).
 fn image_ids(rows: usize, cols: usize) -> Vec<[f64; 3]> {
