@@ -25,6 +25,34 @@ pub(crate) fn apply<T: Serialize + DeserializeOwned>(
     Ok(serde_json::from_value(value).expect("checked key by key"))
 }
 
+/// `settings` with every field `saved` holds taken from it, the others kept: a settings file
+/// written by an older version (without the fields added since) reads with their defaults. An
+/// unset optional group of `settings` (`null`) takes `saved`'s group whole; a key `settings`
+/// does not have is an error naming it.
+pub(crate) fn fill<T: Serialize + DeserializeOwned>(settings: &T, saved: &Value) -> Result<T> {
+    fn overlay(base: &mut Value, top: &Value, path: &str) -> Result<()> {
+        match (base.as_object_mut(), top.as_object()) {
+            (Some(fields), Some(tops)) => {
+                for (key, value) in tops {
+                    let here = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                    let slot = fields.get_mut(key).ok_or_else(|| {
+                        Error::config(here.clone(), "unknown option (written by another version?)")
+                    })?;
+                    overlay(slot, value, &here)?;
+                }
+                Ok(())
+            }
+            _ => {
+                *base = top.clone();
+                Ok(())
+            }
+        }
+    }
+    let mut value = serde_json::to_value(settings).expect("settings serialise to JSON");
+    overlay(&mut value, saved, "")?;
+    serde_json::from_value(value).map_err(|e| Error::config("settings", e.to_string()))
+}
+
 /// `key.path=value` as an update: `value` is JSON, or else a bare string.
 pub(crate) fn parse_assignment(text: &str) -> Result<(String, Value)> {
     let (key, raw) = text
@@ -91,6 +119,32 @@ mod tests {
     struct Settings {
         steps: usize,
         inner: Inner,
+    }
+
+    #[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct Grown {
+        steps: usize,
+        inner: Inner,
+        added: usize,
+        optional: Option<Inner>,
+    }
+
+    #[test]
+    fn fill_takes_saved_fields_and_keeps_the_rest() {
+        let defaults = Grown { steps: 1, inner: Inner { rate: 0.5 }, added: 7, optional: None };
+        // Written before `added` existed, with the optional group set.
+        let saved =
+            serde_json::json!({"steps": 3, "inner": {"rate": 2.0}, "optional": {"rate": 9.0}});
+        let filled = fill(&defaults, &saved).unwrap();
+        let expected = Grown {
+            steps: 3,
+            inner: Inner { rate: 2.0 },
+            added: 7,
+            optional: Some(Inner { rate: 9.0 }),
+        };
+        assert_eq!(filled, expected);
+        let e = fill(&defaults, &serde_json::json!({"inner": {"rates": 1.0}})).unwrap_err();
+        assert!(e.to_string().contains("inner.rates"), "{e}");
     }
 
     #[test]

@@ -20,10 +20,12 @@ use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tpgrpo::backend::{self, Backend, TrainBackend};
 use tpgrpo::model::dtype_name;
-use tpgrpo::model::MMDiT;
-use tpgrpo::pipeline::{image_to_latent_size, Sd3Conditioner, DEFAULT_T5_LENGTH};
+use tpgrpo::model::{Denoiser, Flux, MMDiT};
+use tpgrpo::pipeline::{flux_latent_size, image_to_latent_size, Family, FluxConditioner};
+use tpgrpo::pipeline::{Sd3Conditioner, DEFAULT_T5_LENGTH};
 use tpgrpo::prompts::PromptSet;
 use tpgrpo::reward::{load_rewards, Report, Reward};
+use tpgrpo::sampler::DynamicShift;
 use tpgrpo::sampler::TextToImage;
 use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::save_reward_curve;
@@ -426,9 +428,10 @@ fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path)
     say!("metrics: {}", out.join("metrics.jsonl").display());
 }
 
-/// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 folder with the reference settings
-/// (`TrainConfig` defaults), the GenEval-style prompts of the embedded task and its `--reward`,
-/// at `--resolution`.
+/// TP-GRPO / Flow-GRPO on a diffusers SD3 / SD3.5 or FLUX.1 folder (the family read from
+/// `model_index.json`) with its family's reference settings (`TrainConfig::new`,
+/// `TrainConfig::flux_dev` with the folder's dynamic shift), the GenEval-style prompts of the
+/// embedded task and its `--reward`, at `--resolution`.
 fn train_diffusers(
     dir: &std::path::Path,
     args: &Args,
@@ -436,12 +439,24 @@ fn train_diffusers(
     sets: &[String],
     device: &backend::Device,
 ) -> tpgrpo::Result<()> {
-    let config = TrainConfig::new().with_json(file, sets)?;
+    // The family decides the defaults (the references' settings for each); the settings file
+    // and `--set` apply on top.
+    let family = Family::of(dir)?;
+    let defaults = match family {
+        Family::Sd3 => TrainConfig::new(),
+        Family::Flux => {
+            let mut flux = TrainConfig::flux_dev();
+            let scheduler = dir.join("scheduler/scheduler_config.json");
+            flux.rollout.dynamic_shift = Some(DynamicShift::from_scheduler_config(scheduler)?);
+            flux
+        }
+    };
+    let config = defaults.with_json(file, sets)?;
     if args.print_config {
         return print_config(args, &config);
     }
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!("runs/sd3-{}", config.objective.objective.name()))
+        PathBuf::from(format!("runs/{}-{}", family.name(), config.objective.objective.name()))
     });
     let claim = run_dir::claim(&out, start(args))?;
     say_takeover(&claim, &out);
@@ -477,14 +492,35 @@ fn train_diffusers(
         if let Some(set) = &set {
             set.check(&|p| reward.check_prompt(p))?;
         }
-        let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
-        let config = &transformer.config;
-        let [h, w] = image_to_latent_size(config, 8, [side, side]).map_err(|e| match e {
+        let resolution = |e| match e {
             tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
             other => other,
-        })?;
-        let latent = [config.in_channels, h, w];
-        let pipeline = Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
+        };
+        let (transformer, pipeline): (Denoiser<TrainBackend>, Box<dyn TextToImage<Backend>>) =
+            match family {
+                Family::Sd3 => {
+                    let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
+                    let config = &transformer.config;
+                    let [h, w] =
+                        image_to_latent_size(config, 8, [side, side]).map_err(resolution)?;
+                    let latent = [config.in_channels, h, w];
+                    let pipeline =
+                        Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
+                    (transformer.into(), Box::new(pipeline))
+                }
+                Family::Flux => {
+                    let transformer = Flux::<TrainBackend>::load(&model, device)?;
+                    let [h, w] = flux_latent_size(8, [side, side]).map_err(resolution)?;
+                    let latent = [transformer.config.in_channels / 4, h, w];
+                    let pipeline = FluxConditioner::<Backend>::load(
+                        &model,
+                        DEFAULT_T5_LENGTH,
+                        latent,
+                        device,
+                    )?;
+                    (transformer.into(), Box::new(pipeline))
+                }
+            };
         let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
         let (train_prompts, eval_prompts) = (train_prompts.clone(), eval_prompts.clone());
         let task = Task { pipeline, reward, train_prompts, eval_prompts, report };

@@ -48,6 +48,19 @@ pub(crate) fn default_targets() -> Vec<String> {
         .collect()
 }
 
+/// The FLUX targets of flow_grpo's and TP-GRPO's FLUX scripts (diffusers' FLUX DreamBooth list):
+/// the attention and feed-forward projections of the double-stream blocks; PEFT's suffix rule
+/// also takes the single-stream blocks' `attn.to_q/k/v`.
+pub fn flux_targets() -> Vec<String> {
+    default_targets()
+        .into_iter()
+        .chain(
+            ["ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"]
+                .map(String::from),
+        )
+        .collect()
+}
+
 /// LoRA hyper-parameters (the TP-GRPO launch scripts' defaults).
 #[derive(Config, Debug, PartialEq)]
 pub struct LoraConfig {

@@ -3,6 +3,7 @@
 
 pub(crate) mod attention;
 pub mod clip;
+pub(crate) mod denoiser;
 pub(crate) mod flux;
 pub(crate) mod lora;
 pub(crate) mod lora_linear;
@@ -13,8 +14,9 @@ pub(crate) mod t5;
 pub(crate) mod vae;
 
 pub use clip::{ClipTextConfig, ClipTextModel};
+pub use denoiser::Denoiser;
 pub use flux::{pack_latents, unpack_latents, Flux, FluxConfig};
-pub use lora::{Adaptable, LoraConfig, Projection, DIFFUSERS_LORA_WEIGHTS};
+pub use lora::{flux_targets, Adaptable, LoraConfig, Projection, DIFFUSERS_LORA_WEIGHTS};
 pub use mmdit::{MMDiT, MMDiTConfig};
 pub use precision::{cast_params, dtype_name, Precision};
 pub use rope::Rope;

@@ -14,8 +14,8 @@ use super::{check_max_sequence_length, CLIP_LENGTH};
 use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::model::{AutoencoderKL, ClipTextModel, Flux, T5EncoderModel};
+use crate::sampler::TextToImage;
 use crate::sampler::{ode_sample, seeded_noise, Conditioning, DynamicShift, FlowSchedule};
-use crate::sampler::{FluxVelocity, TextToImage};
 use crate::tokenizer::TextTokenizer;
 
 /// diffusers' `FluxPipeline.default_sample_size`: the default image is 128 latent pixels a side.
@@ -73,6 +73,33 @@ pub struct FluxConditioner<B: Backend> {
     /// `[C, H/f, W/f]` of one (unpacked) latent.
     pub latent: [usize; 3],
     device: B::Device,
+}
+
+impl<B: Backend> FluxConditioner<B> {
+    /// Loads the text encoders, tokenizers and VAE of a diffusers FLUX folder for (unpacked)
+    /// latents of shape `latent` (`[C, H/f, W/f]`, `H/f` and `W/f` even).
+    pub fn load(
+        dir: impl AsRef<Path>,
+        max_sequence_length: usize,
+        latent: [usize; 3],
+        device: &B::Device,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        let [_, h, w] = latent;
+        if !h.is_multiple_of(2) || !w.is_multiple_of(2) || h == 0 || w == 0 {
+            return Err(Error::shape(
+                "latent",
+                "[C, H, W] with H and W positive and even",
+                &latent,
+            ));
+        }
+        Ok(FluxConditioner {
+            encoders: FluxTextEncoders::load(dir, max_sequence_length, device)?,
+            vae: AutoencoderKL::load(dir.join("vae"), device)?,
+            latent,
+            device: device.clone(),
+        })
+    }
 }
 
 impl<B: Backend> TextToImage<B> for FluxConditioner<B> {
@@ -171,7 +198,8 @@ impl<B: Backend> FluxPipeline<B> {
     }
 
     /// Denoises `noise` `[B, C, h, w]` (unpacked) from sigma 1 with `steps` Euler steps, the
-    /// guidance scale embedded (one forward pass per step, no unconditional branch).
+    /// guidance scale embedded (one forward pass per step, no unconditional branch: `Flux`
+    /// embeds guidance as a `VelocityModel`).
     pub fn denoise(
         &self,
         noise: Tensor<B, 4>,
@@ -181,8 +209,7 @@ impl<B: Backend> FluxPipeline<B> {
     ) -> Result<Tensor<B, 4>> {
         let [_, _, h, w] = noise.dims();
         let schedule = self.schedule(steps, [h, w])?;
-        let model = FluxVelocity { model: &self.transformer, guidance: guidance_scale };
-        ode_sample(&model, &schedule, noise, cond, cond, 1.0)
+        ode_sample(&self.transformer, &schedule, noise, cond, cond, guidance_scale)
     }
 
     /// Generates one image per prompt from seeded noise (seed `seeds[i]` for prompt `i`);

@@ -23,6 +23,43 @@ use crate::weights::{save_safetensors_with_metadata, WeightFiles};
 pub use config::SampleConfig;
 pub use flux::{flux_latent_size, FluxConditioner, FluxPipeline, FluxTextEncoders};
 
+/// The model family of a diffusers pipeline folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `StableDiffusion3Pipeline` (SD3, SD3.5).
+    Sd3,
+    /// `FluxPipeline` (FLUX.1).
+    Flux,
+}
+
+impl Family {
+    /// The family of the pipeline folder `dir`, from `model_index.json`'s `_class_name`.
+    pub fn of(dir: impl AsRef<Path>) -> Result<Self> {
+        let path = dir.as_ref().join("model_index.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::format(&path, format!("invalid JSON: {e}")))?;
+        match json.get("_class_name").and_then(|v| v.as_str()) {
+            Some("StableDiffusion3Pipeline") => Ok(Family::Sd3),
+            Some("FluxPipeline") => Ok(Family::Flux),
+            other => Err(Error::format(
+                &path,
+                format!(
+                    "`_class_name` {other:?} is neither StableDiffusion3Pipeline nor FluxPipeline"
+                ),
+            )),
+        }
+    }
+
+    /// The name runs and messages use (`sd3`, `flux`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Sd3 => "sd3",
+            Family::Flux => "flux",
+        }
+    }
+}
+
 /// CLIP's sequence length.
 pub const CLIP_LENGTH: usize = 77;
 /// T5 sequence length of the released Flow-GRPO / TP-GRPO SD3 scripts (diffusers' default is 256).

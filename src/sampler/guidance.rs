@@ -5,7 +5,7 @@ use burn::prelude::*;
 use super::schedule::TRAIN_TIMESTEPS;
 use crate::error::Error;
 use crate::model::flux::{pack_latents, unpack_latents};
-use crate::model::{Flux, MMDiT};
+use crate::model::{Denoiser, Flux, MMDiT};
 
 /// Prompt conditioning of a batch: text features `[B, L, J]` and pooled vectors `[B, P]`.
 #[derive(Debug, Clone)]
@@ -49,8 +49,8 @@ pub(crate) fn select_rows<B: Backend, const D: usize>(
     t.clone().select(0, idx)
 }
 
-/// A velocity field `v(x, t, c)`: the MMDiT, FLUX ([`FluxVelocity`]), or an analytic field in
-/// tests.
+/// A velocity field `v(x, t, c)`: the MMDiT, FLUX, either as a [`Denoiser`], or an analytic
+/// field in tests.
 pub trait VelocityModel<B: Backend> {
     /// The velocity `[B, C, H, W]` of latents `[B, C, H, W]` at timesteps `[B]` (`sigma * 1000`).
     fn velocity(
@@ -59,6 +59,24 @@ pub trait VelocityModel<B: Backend> {
         timestep: Tensor<B, 1>,
         cond: &Conditioning<B>,
     ) -> crate::Result<Tensor<B, 4>>;
+
+    /// Whether the model is sampled without classifier-free guidance, the guidance scale being
+    /// one of its inputs instead ([`VelocityModel::embedded_velocity`]; FLUX.1).
+    fn embeds_guidance(&self) -> bool {
+        false
+    }
+
+    /// The velocity at guidance scale `guidance`, for models that embed it; others ignore it.
+    fn embedded_velocity(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+        guidance: f64,
+    ) -> crate::Result<Tensor<B, 4>> {
+        let _ = guidance;
+        self.velocity(latent, timestep, cond)
+    }
 }
 
 impl<B: Backend> VelocityModel<B> for MMDiT<B> {
@@ -72,53 +90,107 @@ impl<B: Backend> VelocityModel<B> for MMDiT<B> {
     }
 }
 
-/// FLUX as a velocity field of unpacked latents `[B, C, H, W]` (`H`, `W` even): the latents are
-/// packed 2x2 into tokens, the rotary angles follow the token grid and the text length, the
-/// guidance scale is embedded when the model was distilled with it, and the prediction is
-/// unpacked. Sample it with a CFG scale of 1 (one pass per step).
-#[derive(Debug, Clone)]
-pub struct FluxVelocity<'a, B: Backend> {
-    /// The transformer.
-    pub model: &'a Flux<B>,
-    /// The embedded guidance scale (ignored by models without guidance embedding).
-    pub guidance: f64,
+/// FLUX's velocity of unpacked latents `[B, C, H, W]` (`H`, `W` even): packed 2x2 into tokens,
+/// the rotary angles following the token grid and the text length, `guidance` embedded when
+/// the model was distilled with it, the prediction unpacked.
+fn flux_velocity<B: Backend>(
+    model: &Flux<B>,
+    latent: Tensor<B, 4>,
+    timestep: Tensor<B, 1>,
+    cond: &Conditioning<B>,
+    guidance: Option<f64>,
+) -> crate::Result<Tensor<B, 4>> {
+    let [b, _, h, w] = latent.dims();
+    let device = latent.device();
+    let tokens = pack_latents(latent)?;
+    let rope = model.rope(cond.text.dims()[1], h / 2, w / 2, &device)?;
+    let guidance = match (model.config.guidance_embeds, guidance) {
+        (true, Some(g)) => Some(Tensor::full([b], g, &device)),
+        (true, None) => {
+            return Err(Error::config(
+                "guidance",
+                "this FLUX model embeds the guidance scale: sample it through Guidance",
+            ))
+        }
+        (false, _) => None,
+    };
+    let sigma = timestep / TRAIN_TIMESTEPS;
+    let v =
+        model.forward(tokens, sigma, guidance, cond.text.clone(), cond.pooled.clone(), &rope)?;
+    unpack_latents(v, h, w)
 }
 
-impl<B: Backend> VelocityModel<B> for FluxVelocity<'_, B> {
+/// FLUX.1 on unpacked latents; sampled without CFG (`embeds_guidance`), the scale embedded
+/// when `guidance_embeds` is set (dev) and unused otherwise (schnell).
+impl<B: Backend> VelocityModel<B> for Flux<B> {
     fn velocity(
         &self,
         latent: Tensor<B, 4>,
         timestep: Tensor<B, 1>,
         cond: &Conditioning<B>,
     ) -> crate::Result<Tensor<B, 4>> {
-        let [b, _, h, w] = latent.dims();
-        let device = latent.device();
-        let tokens = pack_latents(latent)?;
-        let rope = self.model.rope(cond.text.dims()[1], h / 2, w / 2, &device)?;
-        let guidance =
-            self.model.config.guidance_embeds.then(|| Tensor::full([b], self.guidance, &device));
-        let v = self.model.forward(
-            tokens,
-            timestep / TRAIN_TIMESTEPS,
-            guidance,
-            cond.text.clone(),
-            cond.pooled.clone(),
-            &rope,
-        )?;
-        unpack_latents(v, h, w)
+        flux_velocity(self, latent, timestep, cond, None)
+    }
+
+    fn embeds_guidance(&self) -> bool {
+        true
+    }
+
+    fn embedded_velocity(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+        guidance: f64,
+    ) -> crate::Result<Tensor<B, 4>> {
+        flux_velocity(self, latent, timestep, cond, Some(guidance))
     }
 }
 
-/// Classifier-free guidance for a batch: the stacked conditioning `[uncond; cond]` built once
-/// and the scale `g`. As in diffusers (`do_classifier_free_guidance = guidance_scale > 1`), a
-/// scale of at most 1 means no guidance: one conditional pass, the unconditional prompt unused
-/// (FLUX, whose guidance is embedded, samples this way).
+impl<B: Backend> VelocityModel<B> for Denoiser<B> {
+    fn velocity(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+    ) -> crate::Result<Tensor<B, 4>> {
+        match self {
+            Denoiser::Sd3(m) => m.velocity(latent, timestep, cond),
+            Denoiser::Flux(m) => m.velocity(latent, timestep, cond),
+        }
+    }
+
+    fn embeds_guidance(&self) -> bool {
+        matches!(self, Denoiser::Flux(_))
+    }
+
+    fn embedded_velocity(
+        &self,
+        latent: Tensor<B, 4>,
+        timestep: Tensor<B, 1>,
+        cond: &Conditioning<B>,
+        guidance: f64,
+    ) -> crate::Result<Tensor<B, 4>> {
+        match self {
+            Denoiser::Sd3(m) => m.embedded_velocity(latent, timestep, cond, guidance),
+            Denoiser::Flux(m) => m.embedded_velocity(latent, timestep, cond, guidance),
+        }
+    }
+}
+
+/// Guidance for a batch: classifier-free (the stacked conditioning `[uncond; cond]` built
+/// once and the scale `g`), or embedded (the conditioning alone, `g` given to the model). As
+/// in diffusers (`do_classifier_free_guidance = guidance_scale > 1`), a CFG scale of at most 1
+/// means one conditional pass, the unconditional prompt unused.
 #[derive(Debug, Clone)]
 pub struct Guidance<B: Backend> {
-    /// `[uncond; cond]`, batch `2B`; only `cond`, batch `B`, when `scale <= 1`.
+    /// `[uncond; cond]`, batch `2B`; only `cond`, batch `B`, when embedded or `scale <= 1`.
     pub both: Conditioning<B>,
-    /// The CFG scale `g`.
+    /// The guidance scale `g`.
     pub scale: f64,
+    /// Whether `g` is the model's input ([`VelocityModel::embeds_guidance`]) rather than a CFG
+    /// scale.
+    pub embedded: bool,
 }
 
 impl<B: Backend> Guidance<B> {
@@ -150,12 +222,31 @@ impl<B: Backend> Guidance<B> {
             pooled: Tensor::cat(vec![c.pooled.clone(); reps], 0),
         };
         let both = if scale > 1.0 { repeat(uncond).cat(repeat(cond)) } else { repeat(cond) };
-        Ok(Guidance { both, scale })
+        Ok(Guidance { both, scale, embedded: false })
     }
 
-    /// Whether the unconditional branch is evaluated (`scale > 1`).
+    /// The guidance `model` is sampled with at scale `scale`: embedded for models that take the
+    /// scale as an input (one pass on `cond`, `uncond` unused), else classifier-free
+    /// ([`Guidance::new`]).
+    pub fn for_model<M: VelocityModel<B>>(
+        model: &M,
+        cond: &Conditioning<B>,
+        uncond: &Conditioning<B>,
+        scale: f64,
+        batch: usize,
+        reps: usize,
+    ) -> crate::Result<Self> {
+        if !model.embeds_guidance() {
+            return Self::new(cond, uncond, scale, batch, reps);
+        }
+        let mut guidance = Self::new(cond, uncond, 1.0, batch, reps)?;
+        (guidance.scale, guidance.embedded) = (scale, true);
+        Ok(guidance)
+    }
+
+    /// Whether the unconditional branch is evaluated (classifier-free with `scale > 1`).
     pub fn is_guided(&self) -> bool {
-        self.scale > 1.0
+        !self.embedded && self.scale > 1.0
     }
 
     /// The guided velocity `v = u + g (c - u)`, the unconditional `u` and conditional `c` from
@@ -174,6 +265,9 @@ impl<B: Backend> Guidance<B> {
                     format!("batch {} (the conditioning's)", self.both.batch()),
                     &latent.dims(),
                 ));
+            }
+            if self.embedded {
+                return model.embedded_velocity(latent, timestep, &self.both, self.scale);
             }
             return model.velocity(latent, timestep, &self.both);
         }
@@ -204,5 +298,5 @@ pub fn guided_velocity<B: Backend, M: VelocityModel<B>>(
     guidance: f64,
 ) -> crate::Result<Tensor<B, 4>> {
     let b = latent.dims()[0];
-    Guidance::new(cond, uncond, guidance, b, 1)?.velocity(model, latent, timestep)
+    Guidance::for_model(model, cond, uncond, guidance, b, 1)?.velocity(model, latent, timestep)
 }

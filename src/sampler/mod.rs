@@ -10,7 +10,7 @@ pub(crate) mod schedule;
 pub(crate) mod step;
 pub(crate) mod text_to_image;
 
-pub use guidance::{guided_velocity, Conditioning, FluxVelocity, Guidance, VelocityModel};
+pub use guidance::{guided_velocity, Conditioning, Guidance, VelocityModel};
 pub use noise::seeded_noise;
 pub use rollout::{ode_completions, ode_sample, rollout, Rollout, RolloutConfig};
 pub use schedule::{DynamicShift, FlowSchedule};

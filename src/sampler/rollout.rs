@@ -7,7 +7,7 @@ use burn::prelude::*;
 
 use super::guidance::{Conditioning, Guidance, VelocityModel};
 use super::noise::seeded_noise;
-use super::schedule::FlowSchedule;
+use super::schedule::{DynamicShift, FlowSchedule};
 use super::step::{euler_step, SamplerKind};
 use crate::error::Error;
 
@@ -20,7 +20,11 @@ pub struct RolloutConfig {
     /// Schedule shift (3 for SD3).
     #[config(default = 3.0)]
     pub shift: f64,
-    /// CFG scale `g`.
+    /// FLUX: the scheduler's dynamic shift (`mu` from the number of 2x2-packed latent tokens),
+    /// used instead of `shift`; `None` for SD3.
+    #[config(default = "None")]
+    pub dynamic_shift: Option<DynamicShift>,
+    /// Guidance scale `g`: the CFG scale (SD3), or the embedded guidance (FLUX.1-dev).
     #[config(default = 4.5)]
     pub guidance: f64,
     /// Noise scale alpha of the stochastic steps.
@@ -43,10 +47,37 @@ impl RolloutConfig {
         self.window_start..self.window_start + self.window_size
     }
 
-    /// Checks the fields and builds the schedule; a window reaching the last step (whose
-    /// `sigma_next = 0` makes the step deterministic and the KL weight infinite) is rejected.
-    pub fn schedule(&self) -> crate::Result<FlowSchedule> {
-        let schedule = FlowSchedule::new(self.num_steps, self.shift)?;
+    /// The schedule of `steps` steps for latents `[C, H, W]`: SD3's shifted one, or FLUX's
+    /// dynamically shifted one for `H/2 * W/2` tokens.
+    pub fn flow_schedule(
+        &self,
+        steps: usize,
+        [_, h, w]: [usize; 3],
+    ) -> crate::Result<FlowSchedule> {
+        match &self.dynamic_shift {
+            None => FlowSchedule::new(steps, self.shift),
+            Some(shift) => FlowSchedule::dynamic(steps, (h / 2) * (w / 2), shift),
+        }
+    }
+
+    /// Checks the fields and builds the schedule of the rollouts for latents `[C, H, W]`.
+    pub fn schedule(&self, latent_shape: [usize; 3]) -> crate::Result<FlowSchedule> {
+        self.validate()?;
+        self.flow_schedule(self.num_steps, latent_shape)
+    }
+
+    /// Checks the fields; a window reaching the last step (whose `sigma_next = 0` makes the
+    /// step deterministic and the KL weight infinite) is rejected.
+    pub fn validate(&self) -> crate::Result<()> {
+        FlowSchedule::new(self.num_steps, self.shift)?;
+        if let Some(shift) = &self.dynamic_shift {
+            if shift.base_image_seq_len == shift.max_image_seq_len {
+                return Err(Error::config(
+                    "dynamic_shift",
+                    "base_image_seq_len and max_image_seq_len are equal: mu is undefined",
+                ));
+            }
+        }
         if !(self.noise_level.is_finite() && self.noise_level > 0.0) {
             return Err(Error::config(
                 "noise_level",
@@ -69,7 +100,7 @@ impl RolloutConfig {
                 ),
             ));
         }
-        Ok(schedule)
+        Ok(())
     }
 }
 
@@ -105,10 +136,10 @@ pub fn rollout<B: Backend, M: VelocityModel<B>>(
     uncond: &Conditioning<B>,
     device: &B::Device,
 ) -> crate::Result<Rollout<B>> {
-    let schedule = cfg.schedule()?;
+    let schedule = cfg.schedule(latent_shape)?;
     let b = seeds.len();
     let mut x = seeded_noise::<B>(seeds, 0, latent_shape, device);
-    let guidance = Guidance::new(cond, uncond, cfg.guidance, b, 1)?;
+    let guidance = Guidance::for_model(model, cond, uncond, cfg.guidance, b, 1)?;
     let mut latents = vec![x.clone()];
     let mut log_probs = Vec::new();
     for i in 0..schedule.num_steps() {
@@ -159,7 +190,10 @@ pub fn ode_completions<B: Backend, M: VelocityModel<B>>(
         let b = x.dims()[0];
         let reps = active.len();
         if stacked.as_ref().is_none_or(|(r, _)| *r != reps) {
-            stacked = Some((reps, Guidance::new(cond, uncond, guidance, cond.batch(), reps)?));
+            stacked = Some((
+                reps,
+                Guidance::for_model(model, cond, uncond, guidance, cond.batch(), reps)?,
+            ));
         }
         let (_, guided) = stacked.as_ref().expect("built above");
         let device = x.device();

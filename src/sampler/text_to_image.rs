@@ -17,3 +17,18 @@ pub trait TextToImage<B: Backend> {
     /// `[C, H, W]` of one latent.
     fn latent_shape(&self) -> [usize; 3];
 }
+
+/// A boxed pipeline, so that a program can pick the model family at run time.
+impl<B: Backend, T: TextToImage<B> + ?Sized> TextToImage<B> for Box<T> {
+    fn encode(&self, texts: &[&str]) -> Result<Conditioning<B>> {
+        (**self).encode(texts)
+    }
+
+    fn decode(&self, latents: Tensor<B, 4>) -> Result<Vec<Image>> {
+        (**self).decode(latents)
+    }
+
+    fn latent_shape(&self) -> [usize; 3] {
+        (**self).latent_shape()
+    }
+}

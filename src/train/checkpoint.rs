@@ -18,7 +18,7 @@ use super::optim::{AdamW, Moments};
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
 use crate::finite::ensure_finite_values;
-use crate::model::MMDiT;
+use crate::model::Denoiser;
 use crate::weights::{save_safetensors, WeightFiles};
 
 /// Scalars of a checkpoint.
@@ -81,7 +81,7 @@ fn values<B: Backend>(t: &Tensor<B, 2>) -> Result<Vec<f32>> {
 pub(crate) fn save<B: Backend>(
     out_dir: &Path,
     state: &TrainerState,
-    model: &MMDiT<B>,
+    model: &Denoiser<B>,
     ema: &Ema<B>,
     optimizer: &AdamW<B>,
 ) -> Result<PathBuf> {
@@ -280,8 +280,7 @@ pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<Checkpoint<B>>
         serde_json::from_str(&text).map_err(|e| Error::format(&path, e.to_string()))?;
     // Settings added after the checkpoint was written take their defaults.
     if let Some(saved) = value.get_mut("config") {
-        let leaves = crate::overrides::leaves(saved);
-        let config = crate::overrides::apply(&TrainConfig::new(), &leaves)
+        let config = crate::overrides::fill(&TrainConfig::new(), saved)
             .map_err(|e| Error::format(&path, e.to_string()))?;
         *saved = serde_json::to_value(config).expect("settings serialise");
     }

@@ -15,7 +15,7 @@ use super::replica::Replica;
 use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values};
 use crate::grpo::{Objective, RewardRows};
-use crate::model::MMDiT;
+use crate::model::Denoiser;
 use crate::prompts::Prompt;
 use crate::reward::{score_terms, Reward, Term};
 use crate::rng::{mix, salt, SplitMix64};
@@ -100,7 +100,7 @@ pub(crate) struct Collector<'a, B: Backend, P: TextToImage<B>> {
     /// The settings.
     pub config: &'a TrainConfig,
     /// The sampling policy (the adapted transformer on the inner backend).
-    pub policy: &'a MMDiT<B>,
+    pub policy: &'a Denoiser<B>,
     /// Encoders and decoder.
     pub pipeline: &'a P,
     /// The reward.

@@ -9,9 +9,9 @@ use serde_json::Value;
 use super::ema::EmaConfig;
 use super::optim::AdamWConfig;
 use crate::grpo::ObjectiveConfig;
-use crate::model::{LoraConfig, MMDiTConfig, Precision};
+use crate::model::{Denoiser, LoraConfig, Precision};
 use crate::overrides;
-use crate::sampler::RolloutConfig;
+use crate::sampler::{DynamicShift, RolloutConfig};
 
 /// Everything a training run needs besides the model, prompts and reward (defaults: the
 /// TP-GRPO SD3.5-medium launch scripts, for one process).
@@ -119,6 +119,31 @@ pub(crate) const RESUMABLE_CHANGES: [&str; 9] = [
 ];
 
 impl TrainConfig {
+    /// The FLUX.1-dev settings of the references (flow_grpo's `train_flux.py` and TP-GRPO's
+    /// FLUX scripts, docs/training.md): 6 rollout steps (28 for evaluation) on FLUX's
+    /// dynamically shifted schedule, embedded guidance 3.5, CPS with noise level 0.7, the SDE
+    /// window `[0, 5)`, LoRA rank 64 / alpha 128 on the attention and feed-forward
+    /// projections; every other setting as [`TrainConfig::new`].
+    pub fn flux_dev() -> Self {
+        TrainConfig::new()
+            .with_eval_steps(28)
+            .with_rollout(
+                RolloutConfig::new()
+                    .with_num_steps(6)
+                    .with_dynamic_shift(Some(DynamicShift::new()))
+                    .with_guidance(3.5)
+                    .with_noise_level(0.7)
+                    .with_window_start(0)
+                    .with_window_size(5),
+            )
+            .with_lora(
+                LoraConfig::new()
+                    .with_rank(64)
+                    .with_alpha(128.0)
+                    .with_target_modules(crate::model::flux_targets()),
+            )
+    }
+
     /// The settings that differ from `saved` and would break an exact resume, each as
     /// `` `field` was X, now Y `` (every field but `epochs`, `eval_every`, `eval_steps`, `eval_prompts`,
     /// `eval_images_per_prompt`, `save_every`, `keep_checkpoints`, `tensorboard` and `devices`).
@@ -171,20 +196,19 @@ impl TrainConfig {
         Ok(config)
     }
 
-    /// Lower bounds of what a run of these settings holds for a transformer `transformer` at
-    /// latent shape `[C, H, W]`, as `(settings, holding, values)`: the epoch's states
-    /// `(N + 1) S C H W`, and a training micro-batch's saved block inputs `L b T D` (every
-    /// adapted block keeps its input `[b, T, D]` for the adapters' gradients; `T` counts image
-    /// tokens only, `b` is at most `S`). Errors name the settings when a count exceeds
-    /// 2^40 elements.
-    pub fn footprint(
+    /// Lower bounds of what a run of these settings holds for `denoiser` at latent shape
+    /// `[C, H, W]`, as `(settings, holding, values)`: the epoch's states `(N + 1) S C H W`, and
+    /// a training micro-batch's saved block inputs `L b T D` (every adapted block keeps its
+    /// input `[b, T, D]` for the adapters' gradients; `T` counts image tokens only, `b` is at
+    /// most `S`). Errors name the settings when a count exceeds 2^40 elements.
+    pub fn footprint<B: Backend>(
         &self,
         latent: [usize; 3],
-        transformer: &MMDiTConfig,
+        denoiser: &Denoiser<B>,
     ) -> crate::Result<[(&'static str, &'static str, usize); 2]> {
         let samples = self.prompts_per_epoch.saturating_mul(self.group_size);
         let [c, h, w] = latent;
-        let tokens = (h / transformer.patch_size) * (w / transformer.patch_size);
+        let (blocks, tokens, width) = denoiser.activation_shape(latent);
         let batch = self.train_batch.min(samples);
         let count = |fields, what, sizes: &[usize]| {
             crate::limits::elements(fields, what, sizes).map(|n| (fields, what, n))
@@ -198,21 +222,21 @@ impl TrainConfig {
             count(
                 "train_batch",
                 "a training micro-batch's saved block inputs",
-                &[transformer.num_layers, batch, tokens, transformer.hidden_size()],
+                &[blocks, batch, tokens, width],
             )?,
         ])
     }
 
     /// Refuses, naming the settings, a run whose [`TrainConfig::footprint`] at `bytes` per
     /// value cannot fit in `memory` bytes (the training device's; `None`: unknown, no check).
-    pub fn check_memory(
+    pub fn check_memory<B: Backend>(
         &self,
         latent: [usize; 3],
-        transformer: &MMDiTConfig,
+        denoiser: &Denoiser<B>,
         bytes: usize,
         memory: Option<u64>,
     ) -> crate::Result<()> {
-        for (fields, what, n) in self.footprint(latent, transformer)? {
+        for (fields, what, n) in self.footprint(latent, denoiser)? {
             crate::limits::check_memory(fields, what, n as f64 * bytes as f64, memory)?;
         }
         Ok(())
@@ -277,7 +301,7 @@ impl TrainConfig {
                 other => other,
             }
         };
-        self.rollout.schedule().map_err(nested("rollout."))?;
+        self.rollout.validate().map_err(nested("rollout."))?;
         self.objective.validate().map_err(nested("objective."))?;
         self.lora.validate().map_err(nested("lora."))
     }

@@ -10,18 +10,18 @@ use super::config::TrainConfig;
 use crate::error::Result;
 use crate::finite::{ensure_finite, ensure_finite_values, no_overflow};
 use crate::image::Image;
-use crate::model::MMDiT;
+use crate::model::Denoiser;
 use crate::prompts::Prompt;
 use crate::reward::{score_checked, Report, Reward};
 use crate::rng::{mix, salt};
-use crate::sampler::{ode_sample, seeded_noise, FlowSchedule, TextToImage};
+use crate::sampler::{ode_sample, seeded_noise, TextToImage};
 
 /// What evaluation reads: the model to evaluate (EMA weights), the pipeline and the reward.
 pub(crate) struct Evaluator<'a, B: Backend, P: TextToImage<B>> {
     /// The settings (`eval_steps`, `eval_images_per_prompt`, guidance, seed).
     pub config: &'a TrainConfig,
     /// The evaluated transformer.
-    pub model: &'a MMDiT<B>,
+    pub model: &'a Denoiser<B>,
     /// Encoders and decoder.
     pub pipeline: &'a P,
     /// The reward.
@@ -54,8 +54,8 @@ impl<B: Backend, P: TextToImage<B>> Evaluator<'_, B, P> {
         let cfg = self.config;
         let device = self.model.devices()[0].clone();
         let empty = self.pipeline.encode(&[""])?;
-        let schedule = FlowSchedule::new(cfg.eval_steps, cfg.rollout.shift)?;
         let shape = self.pipeline.latent_shape();
+        let schedule = cfg.rollout.flow_schedule(cfg.eval_steps, shape)?;
         let chunk_size = cfg.rollout_batch.saturating_mul(4);
         let (mut scores, mut images, mut image_rewards) = (Vec::new(), Vec::new(), Vec::new());
         let mut tallies: BTreeMap<String, (f64, f64)> = BTreeMap::new();

@@ -34,7 +34,7 @@ use crate::grpo::{assign_credit, EpochCredit, LossStats};
 use crate::image::write_png_bytes;
 
 use crate::model::precision::cast_params;
-use crate::model::MMDiT;
+use crate::model::Denoiser;
 use crate::prompts::Prompt;
 use crate::reward::{Report, Reward};
 use crate::rng::{mix, salt, SplitMix64};
@@ -59,7 +59,7 @@ pub struct Task<P> {
 pub struct Trainer<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> {
     config: TrainConfig,
     /// The policy: the base transformer with trainable adapters.
-    model: MMDiT<B>,
+    model: Denoiser<B>,
     task: Task<P>,
     /// AdamW over the adapter factors.
     optimizer: AdamW<B::InnerBackend>,
@@ -107,11 +107,12 @@ fn mean_std(values: &[f64], what: &str) -> Result<(f64, f64)> {
 }
 
 impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
-    /// A trainer of `base` (adapters are attached here, per `config.lora`) for `task`,
-    /// writing to `out_dir`.
+    /// A trainer of `base` (an [`MMDiT`](crate::model::MMDiT), a [`Flux`](crate::model::Flux)
+    /// or a [`Denoiser`]; adapters are attached here, per `config.lora`) for `task`, writing to
+    /// `out_dir`.
     pub fn new(
         config: TrainConfig,
-        base: MMDiT<B>,
+        base: impl Into<Denoiser<B>>,
         task: Task<P>,
         out_dir: impl AsRef<Path>,
     ) -> Result<Self> {
@@ -138,7 +139,8 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         if config.eval_every > 0 && task.eval_prompts.is_empty() {
             return Err(Error::config("eval_every", "evaluation needs held-out prompts"));
         }
-        config.footprint(task.pipeline.latent_shape(), &base.config)?;
+        let base = base.into();
+        config.footprint(task.pipeline.latent_shape(), &base)?;
         let dtype = config.precision.resolve::<B>(&base.devices()[0])?;
         let model = cast_params(base, dtype).with_lora(&config.lora)?;
         let params: Vec<_> =
@@ -164,7 +166,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// The policy: the base transformer with its trainable adapters.
-    pub fn model(&self) -> &MMDiT<B> {
+    pub fn model(&self) -> &Denoiser<B> {
         &self.model
     }
 
@@ -222,7 +224,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         let latent = self.task.pipeline.latent_shape();
         self.config.check_memory(
             latent,
-            &self.model.config,
+            &self.model,
             burn::tensor::DType::from(dtype).size(),
             memory,
         )
@@ -446,7 +448,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     }
 
     /// The policy with the EMA adapters, on the inner backend.
-    pub fn ema_model(&self) -> Result<MMDiT<B::InnerBackend>> {
+    pub fn ema_model(&self) -> Result<Denoiser<B::InnerBackend>> {
         self.model.valid().with_lora_tensors(self.ema.tensors.clone())
     }
 
@@ -480,7 +482,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
     /// latent shape (the resolution).
     fn run_record(&self) -> RunRecord {
         RunRecord {
-            transformer: serde_json::to_value(&self.model.config).expect("config serialises"),
+            transformer: self.model.config_json(),
             latent_shape: self.task.pipeline.latent_shape().to_vec(),
             reward: Some(self.task.reward.identity()),
             prompts: Some(prompts_digest(&self.task.train_prompts, &self.task.eval_prompts)),

@@ -18,7 +18,7 @@ use super::optim::{clip_global_norm, squared_norm, AdamW};
 use crate::error::Result;
 use crate::finite::ensure_finite;
 use crate::grpo::{kl_penalty, policy_loss, LossStats};
-use crate::model::MMDiT;
+use crate::model::Denoiser;
 use crate::sampler::guidance::select_rows;
 use crate::sampler::{Conditioning, FlowSchedule, Guidance};
 
@@ -82,7 +82,7 @@ pub(crate) struct StepLosses<'a, B: AutodiffBackend> {
     /// `[sample][trained step]` advantages.
     pub advantages: &'a [Vec<f64>],
     /// The reference policy of the KL term (adapters off).
-    pub reference: MMDiT<B::InnerBackend>,
+    pub reference: Denoiser<B::InnerBackend>,
     /// The rollouts' schedule.
     pub schedule: FlowSchedule,
 }
@@ -104,9 +104,10 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
         config: &'a TrainConfig,
         batch: &'a Batch<B::InnerBackend>,
         advantages: &'a [Vec<f64>],
-        model: &MMDiT<B>,
+        model: &Denoiser<B>,
     ) -> Result<Self> {
-        let schedule = config.rollout.schedule()?;
+        let shape = batch.states[0].dims();
+        let schedule = config.rollout.schedule([shape[1], shape[2], shape[3]])?;
         Ok(StepLosses { config, batch, advantages, reference: reference_policy(model), schedule })
     }
 
@@ -115,7 +116,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
     /// loss statistics of each step.
     pub(crate) fn gradients(
         &self,
-        model: &MMDiT<B>,
+        model: &Denoiser<B>,
         rows: &[usize],
         scale: f64,
         observer: &mut dyn Observer,
@@ -126,8 +127,8 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
         let micro = MicroBatch {
             rows,
             local: rows.iter().map(|&i| i - batch.rows.start).collect(),
-            guide: Guidance::new(&lift::<B>(&c), &lift::<B>(&u), g, b, 1)?,
-            guide_ref: Guidance::new(&c, &u, g, b, 1)?,
+            guide: Guidance::for_model(model, &lift::<B>(&c), &lift::<B>(&u), g, b, 1)?,
+            guide_ref: Guidance::for_model(&self.reference, &c, &u, g, b, 1)?,
         };
         let (mut grads, mut stats) = (Gradients::new(), Vec::new());
         for (j, k) in self.config.rollout.window().enumerate() {
@@ -149,7 +150,7 @@ impl<'a, B: AutodiffBackend> StepLosses<'a, B> {
     /// loss, plus `kl_beta` times the KL to the reference policy's step.
     fn step_loss(
         &self,
-        model: &MMDiT<B>,
+        model: &Denoiser<B>,
         micro: &MicroBatch<'_, B>,
         j: usize,
         k: usize,
@@ -214,7 +215,7 @@ impl<B: Backend> StepGradient<B> {
 /// without a gradient path, such as the last block's text queries, or a replica with no
 /// sample in a step).
 pub(crate) fn complete<B: AutodiffBackend>(
-    model: &MMDiT<B>,
+    model: &Denoiser<B>,
     mut grads: Gradients<B::InnerBackend>,
 ) -> Gradients<B::InnerBackend> {
     for (name, p) in model.lora_tensors() {
@@ -227,12 +228,12 @@ pub(crate) fn complete<B: AutodiffBackend>(
 /// factors, updates the EMA and returns the updated model and the norm before clipping.
 /// Factors without a gradient get zero gradients ([`complete`]).
 pub(crate) fn optimizer_step<B: AutodiffBackend>(
-    model: MMDiT<B>,
+    model: Denoiser<B>,
     optimizer: &mut AdamW<B::InnerBackend>,
     ema: &mut Ema<B::InnerBackend>,
     grads: Gradients<B::InnerBackend>,
     max_norm: f64,
-) -> Result<(MMDiT<B>, f64)> {
+) -> Result<(Denoiser<B>, f64)> {
     let mut grads = complete(&model, grads);
     let params: Vec<(String, Tensor<B::InnerBackend, 2>)> =
         model.lora_tensors().into_iter().map(|(n, t)| (n, t.inner())).collect();
@@ -255,7 +256,9 @@ pub(crate) fn optimizer_step<B: AutodiffBackend>(
 }
 
 /// The reference policy of the KL term: `model` with its adapters off, on the inner backend.
-pub(crate) fn reference_policy<B: AutodiffBackend>(model: &MMDiT<B>) -> MMDiT<B::InnerBackend> {
+pub(crate) fn reference_policy<B: AutodiffBackend>(
+    model: &Denoiser<B>,
+) -> Denoiser<B::InnerBackend> {
     model.valid().adapters_off()
 }
 

@@ -112,3 +112,37 @@ fn train_runs_the_toy_task() {
     assert!(checkpoint.join("adapter/pytorch_lora_weights.safetensors").is_file());
     assert!(checkpoint.join("ema/pytorch_lora_weights.safetensors").is_file());
 }
+
+#[test]
+fn train_detects_a_flux_folder_and_trains_it() {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flux/pipeline/flux_tiny");
+    let model = model.to_str().unwrap();
+    // FLUX.1-dev's reference settings, with the folder's dynamic shift.
+    let (ok, out, err) = train(&["--model", model, "--print-config"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(
+        (v["rollout"]["num_steps"].as_u64(), v["rollout"]["guidance"].as_f64()),
+        (Some(6), Some(3.5))
+    );
+    assert_eq!(v["rollout"]["dynamic_shift"]["max_shift"], 1.15);
+    assert_eq!(v["lora"]["rank"], 64);
+
+    let out = common::scratch("cli-train-flux");
+    let mut args = vec!["--model", model, "--out", out.to_str().unwrap(), "--no-progress"];
+    args.extend(["--reward", "toy-geneval", "--resolution", "32"]);
+    for s in ["epochs=1", "prompts_per_epoch=2", "group_size=2", "rollout_batch=4"] {
+        args.extend(["--set", s]);
+    }
+    for s in ["train_batch=4", "rollout.num_steps=3", "rollout.window_size=1", "eval_every=0"] {
+        args.extend(["--set", s]);
+    }
+    args.extend(["--set", "lora.rank=4"]);
+    let (ok, stdout, err) = train(&args);
+    assert!(ok, "{stdout}\n{err}");
+    let checkpoint = out.join("checkpoints/epoch-00001");
+    assert!(checkpoint.join("adapter/pytorch_lora_weights.safetensors").is_file(), "{stdout}");
+    let state = std::fs::read_to_string(checkpoint.join("trainer_state.json")).unwrap();
+    assert!(state.contains("num_single_layers"), "the run records the FLUX transformer");
+}

@@ -31,6 +31,7 @@ mod sampler_analytic;
 mod sampler_gaussian;
 mod sampler_reference;
 mod tp_credit_reference;
+mod train_flux;
 mod train_rewards;
 mod train_sd3_pipeline;
 mod train_toy;

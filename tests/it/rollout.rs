@@ -73,11 +73,11 @@ fn each_sample_is_reproducible_from_its_own_seed() {
 #[test]
 fn a_window_reaching_the_last_step_is_rejected() {
     let cfg = RolloutConfig::new().with_num_steps(10).with_window_size(10);
-    let e = cfg.schedule().unwrap_err().to_string();
+    let e = cfg.validate().unwrap_err().to_string();
     assert!(e.contains("window_size") && e.contains("sigma_next is 0"), "{e}");
     assert!(RolloutConfig::new()
         .with_noise_level(-1.0)
-        .schedule()
+        .schedule([16, 8, 8])
         .unwrap_err()
         .to_string()
         .contains("noise_level"));
