@@ -7,6 +7,10 @@
 //! is loaded in a fresh process (the peak, `VmHWM`, is per process); the last row loads the
 //! transformer, both CLIP encoders and the VAE into one process; `pickscore` a
 //! PickScore_v1-sized `CLIPModel` (both towers). Parts missing from DIR are skipped.
+//!
+//! `TPGRPO_LARGE_FLUX=DIR` adds the FLUX transformer written by
+//! `tests/fixtures/gen_large_flux.py DIR` (FLUX.1-dev's widths, bf16): `flux` from the diffusers
+//! folder, `flux-bfl` from the Black Forest Labs single file (fused tensors split by rows).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +18,7 @@ use std::process::Command;
 use burn::module::Module;
 use tpgrpo::backend::{self, Backend};
 use tpgrpo::model::clip::ClipModel;
-use tpgrpo::model::{AutoencoderKL, ClipTextModel, MMDiT, T5EncoderModel};
+use tpgrpo::model::{AutoencoderKL, ClipTextModel, Flux, MMDiT, T5EncoderModel};
 
 const PARTS: [&str; 7] = [
     "transformer",
@@ -47,6 +51,10 @@ fn load(dir: &Path, part: &str) -> tpgrpo::Result<usize> {
         "text_encoder_3" => T5EncoderModel::<Backend>::load(dir.join(part), &device)?.num_params(),
         "vae" => AutoencoderKL::<Backend>::load(dir.join(part), &device)?.num_params(),
         "pickscore" => ClipModel::<Backend>::load(dir.join(part), &device)?.towers.num_params(),
+        "flux" => Flux::<Backend>::load(dir.join("transformer"), &device)?.num_params(),
+        "flux-bfl" => {
+            Flux::<Backend>::load(dir.join("flux1-dev.safetensors"), &device)?.num_params()
+        }
         _ => {
             let t = MMDiT::<Backend>::load(dir.join("transformer"), &device)?;
             let l = ClipTextModel::<Backend>::load(dir.join("text_encoder"), &device)?;
@@ -70,21 +78,32 @@ fn main() {
         }
         return;
     }
-    let Some(dir) = std::env::var_os("TPGRPO_LARGE_SD3").map(PathBuf::from) else {
+    let sd3 = std::env::var_os("TPGRPO_LARGE_SD3").map(PathBuf::from);
+    let flux = std::env::var_os("TPGRPO_LARGE_FLUX").map(PathBuf::from);
+    if sd3.is_none() && flux.is_none() {
         println!(
-            "load_memory: set TPGRPO_LARGE_SD3 to a folder written by \
-             tests/fixtures/gen_large_sd3.py (skipped)"
+            "load_memory: set TPGRPO_LARGE_SD3 and/or TPGRPO_LARGE_FLUX to folders written by \
+             tests/fixtures/gen_large_sd3.py / gen_large_flux.py (skipped)"
         );
         return;
-    };
-    println!("peak resident memory while loading {} ({})", dir.display(), backend::NAME);
+    }
+    let mut rows: Vec<(PathBuf, &str, &str)> = Vec::new();
+    if let Some(dir) = sd3 {
+        for part in PARTS {
+            rows.push((dir.clone(), part, if part == "all-but-t5" { "transformer" } else { part }));
+        }
+    }
+    if let Some(dir) = flux {
+        rows.push((dir.clone(), "flux", "transformer"));
+        rows.push((dir, "flux-bfl", "flux1-dev.safetensors"));
+    }
+    println!("peak resident memory while loading ({})", backend::NAME);
     println!("| part | parameters | f32 size | peak RSS | peak / f32 size |");
     println!("|---|---|---|---|---|");
     let exe = std::env::current_exe().expect("own path");
-    for part in PARTS {
-        let needed = if part == "all-but-t5" { "transformer" } else { part };
-        if !dir.join(needed).is_dir() {
-            println!("| {part} | skipped: no {needed}/ |");
+    for (dir, part, needed) in rows {
+        if !dir.join(needed).exists() {
+            println!("| {part} | skipped: no {} |", dir.join(needed).display());
             continue;
         }
         let out = Command::new(&exe).arg("--child").arg(&dir).arg(part).output().expect("spawn");

@@ -441,7 +441,18 @@ fn train_diffusers(
 ) -> tpgrpo::Result<()> {
     // The family decides the defaults (the references' settings for each); the settings file
     // and `--set` apply on top.
-    let family = Family::of(dir)?;
+    let family = match Family::of(dir) {
+        Ok(family) => family,
+        // Settings can be printed for a model not downloaded yet: its family is unknown.
+        Err(_) if args.print_config && !dir.join("model_index.json").exists() => {
+            eprintln!(
+                "note: {} holds no model_index.json: printing the SD3 settings",
+                dir.display()
+            );
+            Family::Sd3
+        }
+        Err(e) => return Err(e),
+    };
     let defaults = match family {
         Family::Sd3 => TrainConfig::new(),
         Family::Flux => {
