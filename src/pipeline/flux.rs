@@ -154,7 +154,6 @@ impl<B: Backend> FluxPipeline<B> {
             return Err(Error::format(dir, "not a diffusers pipeline folder: no model_index.json"));
         }
         let transformer = Flux::load(dir.join("transformer"), device)?;
-        let vae = AutoencoderKL::load(dir.join("vae"), device)?;
         let packed = transformer.config.in_channels;
         if !packed.is_multiple_of(4) {
             return Err(Error::format(
@@ -164,12 +163,7 @@ impl<B: Backend> FluxPipeline<B> {
         }
         let latent = [packed / 4, DEFAULT_LATENT_SIZE, DEFAULT_LATENT_SIZE];
         Ok(FluxPipeline {
-            conditioner: FluxConditioner {
-                encoders: FluxTextEncoders::load(dir, max_sequence_length, device)?,
-                vae,
-                latent,
-                device: device.clone(),
-            },
+            conditioner: FluxConditioner::load(dir, max_sequence_length, latent, device)?,
             transformer,
             shift: DynamicShift::from_scheduler_config(
                 dir.join("scheduler/scheduler_config.json"),

@@ -26,6 +26,47 @@ pub fn read_config<T: serde::de::DeserializeOwned>(path: impl AsRef<Path>) -> Re
     serde_json::from_str(text).map_err(|e| Error::format(path, format!("invalid config: {e}")))
 }
 
+/// Opens a checkpoint given as one file: a `.safetensors` file, or a `.safetensors.index.json`
+/// and its shards; anything else is an error naming the path.
+pub(crate) fn open_checkpoint_file(path: &Path) -> Result<WeightFiles> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    if name.ends_with(".index.json") {
+        WeightFiles::open_sharded(path)
+    } else if name.ends_with(".safetensors") {
+        WeightFiles::open(path)
+    } else if !path.exists() {
+        Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+        ))
+    } else {
+        Err(Error::format(
+            path,
+            "expected a diffusers folder, a .safetensors file or a .safetensors.index.json",
+        ))
+    }
+}
+
+/// Writes a diffusers model folder: the module's parameters as an f32
+/// `diffusion_pytorch_model.safetensors` under diffusers keys (`key` of each parameter path)
+/// and `config_json` as `config.json`, each file written atomically.
+pub(crate) fn save_diffusers_folder<B: Backend, M: Module<B>>(
+    module: &M,
+    dir: &Path,
+    key: impl Fn(&str) -> String,
+    config_json: &str,
+) -> Result<()> {
+    let tensors: Vec<_> = export_params(module)
+        .into_iter()
+        .map(|(path, shape, values)| (key(&path), shape, values))
+        .collect();
+    save_safetensors(&dir.join("diffusion_pytorch_model.safetensors"), &tensors)?;
+    let config_path = dir.join("config.json");
+    crate::files::write_atomically(&config_path, |tmp| {
+        std::fs::write(tmp, config_json).map_err(|e| Error::io(tmp, e))
+    })
+}
+
 /// The PyTorch name of a Burn parameter path: norm `gamma` / `beta` become `weight` / `bias`.
 pub(crate) fn torch_param_name(path: &str) -> String {
     match path.rsplit_once('.') {

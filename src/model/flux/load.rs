@@ -12,9 +12,10 @@ use burn::prelude::*;
 
 use super::{Flux, FluxConfig};
 use crate::error::{Error, Result};
-use crate::files::write_atomically;
-use crate::model::mmdit::load::{diffusers_key, WEIGHTS_FILE};
-use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
+use crate::model::mmdit::load::diffusers_key;
+use crate::weights::{
+    apply_plan, open_checkpoint_file, save_diffusers_folder, Source, WeightFiles,
+};
 
 /// Optional key prefix of the transformer in BFL / ComfyUI single files.
 pub(crate) const BFL_PREFIX: &str = "model.diffusion_model.";
@@ -181,26 +182,6 @@ fn infer_config(files: &WeightFiles, layout: &Layout, label: &Path) -> Result<Fl
     Ok(config)
 }
 
-/// Opens a single `.safetensors` file or a `.safetensors.index.json` and its shards.
-fn open_file(path: &Path) -> Result<WeightFiles> {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-    if name.ends_with(".index.json") {
-        WeightFiles::open_sharded(path)
-    } else if name.ends_with(".safetensors") {
-        WeightFiles::open(path)
-    } else if !path.exists() {
-        Err(Error::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-        ))
-    } else {
-        Err(Error::format(
-            path,
-            "expected a diffusers folder, a .safetensors file or a .safetensors.index.json",
-        ))
-    }
-}
-
 impl<B: Backend> Flux<B> {
     /// Loads a model from any of:
     /// - a diffusers pipeline folder (uses its `transformer/`) or `transformer/` folder:
@@ -223,7 +204,7 @@ impl<B: Backend> Flux<B> {
             let files = WeightFiles::open_dir(&dir, "diffusion_pytorch_model")?;
             return Self::from_files(&config, &files, &Layout::Diffusers, &dir, device);
         }
-        let files = open_file(path)?;
+        let files = open_checkpoint_file(path)?;
         let layout = Layout::detect(&files);
         let config = infer_config(&files, &layout, path)?;
         Self::from_files(&config, &files, &layout, path, device)
@@ -238,7 +219,7 @@ impl<B: Backend> Flux<B> {
         device: &B::Device,
     ) -> Result<Self> {
         let path = path.as_ref();
-        let files = open_file(path)?;
+        let files = open_checkpoint_file(path)?;
         let layout = Layout::detect(&files);
         Self::from_files(config, &files, &layout, path, device)
     }
@@ -260,17 +241,7 @@ impl<B: Backend> Flux<B> {
     /// Saves the model as a diffusers `transformer/` folder (`config.json` and an f32
     /// `diffusion_pytorch_model.safetensors`), each file written atomically.
     pub fn save_diffusers(&self, dir: impl AsRef<Path>) -> Result<()> {
-        let dir = dir.as_ref();
-        let tensors: Vec<_> = export_params(self)
-            .into_iter()
-            .map(|(path, shape, values)| (diffusers_key(&path), shape, values))
-            .collect();
-        save_safetensors(&dir.join(WEIGHTS_FILE), &tensors)?;
-        let config_path = dir.join("config.json");
-        let json = self.config.to_diffusers_json();
-        write_atomically(&config_path, |tmp| {
-            std::fs::write(tmp, &json).map_err(|e| Error::io(tmp, e))
-        })
+        save_diffusers_folder(self, dir.as_ref(), diffusers_key, &self.config.to_diffusers_json())
     }
 }
 

@@ -6,14 +6,15 @@
 //! ([`stability_key`]).
 
 use crate::model::Adaptable;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::prelude::*;
 
 use super::{MMDiT, MMDiTConfig};
 use crate::error::{Error, Result};
-use crate::files::write_atomically;
-use crate::weights::{apply_plan, export_params, save_safetensors, Source, WeightFiles};
+use crate::weights::{
+    apply_plan, open_checkpoint_file, save_diffusers_folder, Source, WeightFiles,
+};
 
 /// Key prefix of the transformer in Stability single-file checkpoints.
 pub(crate) const STABILITY_PREFIX: &str = "model.diffusion_model.";
@@ -222,22 +223,7 @@ impl<B: Backend> MMDiT<B> {
             };
             return Self::load_diffusers_dir(&dir, device);
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        let files = if name.ends_with(".index.json") {
-            WeightFiles::open_sharded(path)?
-        } else if name.ends_with(".safetensors") {
-            WeightFiles::open(path)?
-        } else if !path.exists() {
-            return Err(Error::io(
-                path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            ));
-        } else {
-            return Err(Error::format(
-                path,
-                "expected a diffusers folder, a .safetensors file or a .safetensors.index.json",
-            ));
-        };
+        let files = open_checkpoint_file(path)?;
         let layout = if files.keys().any(|k| k.starts_with(STABILITY_PREFIX)) {
             Layout::Stability
         } else {
@@ -298,16 +284,7 @@ impl<B: Backend> MMDiT<B> {
                  or save_peft for the adapters alone",
             ));
         }
-        let tensors: Vec<_> = export_params(self)
-            .into_iter()
-            .map(|(path, shape, values)| (diffusers_key(&path), shape, values))
-            .collect();
-        save_safetensors(&dir.join(WEIGHTS_FILE), &tensors)?;
-        let config_path: PathBuf = dir.join("config.json");
-        let json = self.config.to_diffusers_json();
-        write_atomically(&config_path, |tmp| {
-            std::fs::write(tmp, &json).map_err(|e| Error::io(tmp, e))
-        })
+        save_diffusers_folder(self, dir, diffusers_key, &self.config.to_diffusers_json())
     }
 }
 
