@@ -9,7 +9,7 @@
 # printing as it goes, and is skipped when it could overrun the budget; then one table.
 #
 #   scripts/device-check.sh [CARRY]   (default gpu-carry/, as docs/gpu.md builds it:
-#       CARRY/tch/ and CARRY/cuda/ each with tpgrpo, train_sd3, mmdit, epoch (.xz ok),
+#       CARRY/tch/ and CARRY/cuda/ each with tpgrpo, train_sd3, mmdit, epoch, flux (.xz ok),
 #       CARRY/cuda/all_reduce, and CARRY/wheels/ with diffusers for the PyTorch rows)
 #
 # BUDGET (default 540) caps the seconds of all steps, so that the check with the machine's start
@@ -76,6 +76,9 @@ bench_path() {
   step "$p-epoch-sd35m-bf16" 80 "${run[@]}" "$bin"/epoch sd35-medium 8 bf16
   step "$p-toy-3-epochs" 60 "${run[@]}" "$bin"/train_sd3 --set epochs=3 --set eval_every=3 \
     --out "$out/toy-$p"
+  # FLUX.1-dev's transformer at 512 px (bf16, batch 1): last, run when the budget allows.
+  [ -x "$bin/flux" ] && step "$p-flux-dev-b1-bf16" 90 "${run[@]}" BENCH_ITERS=3 "$bin"/flux \
+    flux1-dev 1 bf16
   return 0 # the doctor passed
 }
 
@@ -132,5 +135,5 @@ echo "== device check $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=c
 printf '%s\n' "${rows[@]}"
 for f in "$out"/*.log; do
   case $f in *cubecl.log) continue ;; esac
-  grep -H -E "^(toy forward|LoRA forward|forward|mmdit bench|toy epoch)|first .* median|^epoch|^ +[12] |held-out|all-reduce" "$f"
+  grep -H -E "^(toy forward|LoRA forward|forward|mmdit bench|flux bench|toy epoch)|first .* median|^epoch|^ +[12] |held-out|all-reduce" "$f"
 done
