@@ -14,7 +14,7 @@
 //! Random weights; LoRA rank 64 / alpha 128 on the FLUX targets (`model::flux_targets`),
 //! gradients of the adapters only. `BENCH_ITERS` sets the timed iterations (default 10).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::module::AutodiffModule;
 use burn::prelude::*;
@@ -24,7 +24,7 @@ use tpgrpo::model::{cast_params, dtype_name, flux_targets, pack_latents};
 use tpgrpo::model::{Adaptable, Flux, FluxConfig, LoraConfig, Rope};
 
 mod common;
-use common::args;
+use common::{args, time};
 
 /// A FLUX benchmark size: the transformer, one latent `[C, H, W]` and the text tokens.
 struct Size {
@@ -98,19 +98,6 @@ fn forward<B: burn::prelude::Backend>(model: &Flux<B>, x: &Inputs<B>) -> Tensor<
             &x.rope,
         )
         .expect("valid inputs")
-}
-
-/// The first call's time, then the median of `iters` more.
-fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
-    let mut once = || {
-        let t = Instant::now();
-        f();
-        t.elapsed()
-    };
-    let first = once();
-    let mut times: Vec<Duration> = (0..iters).map(|_| once()).collect();
-    times.sort();
-    (first, times[iters / 2])
 }
 
 fn main() {

@@ -15,7 +15,7 @@
 //! `BENCH_ITERS` sets the timed iterations (default 10). `benches/torch_mmdit.py` measures
 //! diffusers on the same shapes.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::module::AutodiffModule;
 use burn::prelude::*;
@@ -25,7 +25,7 @@ use tpgrpo::model::{cast_params, dtype_name};
 use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 
 mod common;
-use common::{args, size, Size};
+use common::{args, size, time, Size};
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,
@@ -49,19 +49,6 @@ fn forward<B: burn::prelude::Backend>(model: &MMDiT<B>, x: &Inputs<B>) -> Tensor
     model
         .forward(x.latent.clone(), x.timestep.clone(), x.text.clone(), x.pooled.clone())
         .expect("valid inputs")
-}
-
-/// The first call's time, then the median of `iters` more.
-fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
-    let mut once = || {
-        let t = Instant::now();
-        f();
-        t.elapsed()
-    };
-    let first = once();
-    let mut times: Vec<Duration> = (0..iters).map(|_| once()).collect();
-    times.sort();
-    (first, times[iters / 2])
 }
 
 fn main() {

@@ -3,6 +3,8 @@
 // Each bench uses a part of this module.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use tpgrpo::model::{MMDiTConfig, Precision};
 
 /// 4 blocks, 4 heads x 64 (D = 256), dual attention on blocks 0-1, qk-norm, text width 256,
@@ -63,4 +65,17 @@ pub fn args(what: &str, default: usize) -> (String, usize, Precision) {
         p.parse().unwrap_or_else(|_| panic!("PRECISION is f32 or bf16, not {p:?}"))
     });
     (name, count, precision)
+}
+
+/// The first call's time, then the median of `iters` more.
+pub fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+    let mut once = || {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    };
+    let first = once();
+    let mut times: Vec<Duration> = (0..iters).map(|_| once()).collect();
+    times.sort();
+    (first, times[iters / 2])
 }

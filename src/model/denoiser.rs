@@ -32,14 +32,6 @@ impl<B: Backend> From<Flux<B>> for Denoiser<B> {
 }
 
 impl<B: Backend> Denoiser<B> {
-    /// The family's name as the CLI and checkpoints write it (`sd3` or `flux`).
-    pub fn family(&self) -> &'static str {
-        match self {
-            Denoiser::Sd3(_) => "sd3",
-            Denoiser::Flux(_) => "flux",
-        }
-    }
-
     /// The transformer's configuration as JSON (its diffusers `config.json` fields), as run
     /// records compare it.
     pub fn config_json(&self) -> serde_json::Value {
@@ -55,14 +47,6 @@ impl<B: Backend> Denoiser<B> {
         match self {
             Denoiser::Sd3(m) => m.dtype(),
             Denoiser::Flux(m) => m.dtype(),
-        }
-    }
-
-    /// The latent channels the denoiser reads (unpacked: FLUX's packed width / 4).
-    pub fn latent_channels(&self) -> usize {
-        match self {
-            Denoiser::Sd3(m) => m.config.in_channels,
-            Denoiser::Flux(m) => m.config.in_channels / 4,
         }
     }
 

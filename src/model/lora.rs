@@ -580,36 +580,38 @@ fn attach<B: Backend, M: Adaptable<B>>(
     Ok(model)
 }
 
+/// The projections of each of `blocks`, named `{prefix}.{i}.{name}` after the block's own names.
+fn block_projections<'a, B: Backend, T>(
+    prefix: &str,
+    blocks: &'a mut [T],
+    projections: impl Fn(&'a mut T) -> Vec<(String, &'a mut LoraLinear<B>)>,
+) -> Vec<(String, Projection<'a, B>)> {
+    let mut out = Vec::new();
+    for (i, block) in blocks.iter_mut().enumerate() {
+        let named = projections(block).into_iter();
+        out.extend(named.map(|(name, p)| (format!("{prefix}.{i}.{name}"), Projection(p))));
+    }
+    out
+}
+
 impl<B: Backend> Adaptable<B> for MMDiT<B> {
     fn projections_mut(&mut self) -> Vec<(String, Projection<'_, B>)> {
-        let mut out = Vec::new();
-        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
-            let named = block.projections_mut().into_iter();
-            out.extend(
-                named.map(|(name, p)| (format!("transformer_blocks.{i}.{name}"), Projection(p))),
-            );
-        }
-        out
+        block_projections("transformer_blocks", &mut self.transformer_blocks, |b| {
+            b.projections_mut()
+        })
     }
 }
 
 impl<B: Backend> Adaptable<B> for Flux<B> {
     fn projections_mut(&mut self) -> Vec<(String, Projection<'_, B>)> {
-        let mut out = Vec::new();
-        for (i, block) in self.transformer_blocks.iter_mut().enumerate() {
-            let named = block.projections_mut().into_iter();
-            out.extend(
-                named.map(|(name, p)| (format!("transformer_blocks.{i}.{name}"), Projection(p))),
-            );
-        }
-        for (i, block) in self.single_transformer_blocks.iter_mut().enumerate() {
-            let named = block.projections_mut().into_iter();
-            out.extend(
-                named.map(|(name, p)| {
-                    (format!("single_transformer_blocks.{i}.{name}"), Projection(p))
-                }),
-            );
-        }
+        let mut out = block_projections("transformer_blocks", &mut self.transformer_blocks, |b| {
+            b.projections_mut()
+        });
+        out.extend(block_projections(
+            "single_transformer_blocks",
+            &mut self.single_transformer_blocks,
+            |b| b.projections_mut(),
+        ));
         out
     }
 }

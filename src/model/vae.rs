@@ -438,7 +438,7 @@ impl<B: Backend> AutoencoderKL<B> {
     pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> crate::Result<Self> {
         load_folder(
             dir.as_ref(),
-            "diffusion_pytorch_model",
+            crate::weights::DIFFUSERS_STEM,
             |config: &VaeConfig| config.init(device),
             |p| Source::key(Self::diffusers_key(p)),
             |_| true,

@@ -300,3 +300,75 @@ pub fn guided_velocity<B: Backend, M: VelocityModel<B>>(
     let b = latent.dims()[0];
     Guidance::for_model(model, cond, uncond, guidance, b, 1)?.velocity(model, latent, timestep)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::backend::Backend as B;
+
+    /// Records the batch and guidance of every call; the velocity is the latent times the
+    /// pooled vector's first value (1 for the prompts, 0 for the negative prompt), plus the
+    /// embedded scale.
+    struct Recorder {
+        embeds: bool,
+        calls: RefCell<Vec<(usize, Option<f64>)>>,
+    }
+
+    impl VelocityModel<B> for Recorder {
+        fn velocity(
+            &self,
+            latent: Tensor<B, 4>,
+            _: Tensor<B, 1>,
+            cond: &Conditioning<B>,
+        ) -> crate::Result<Tensor<B, 4>> {
+            self.calls.borrow_mut().push((latent.dims()[0], None));
+            let [b, ..] = latent.dims();
+            let c = cond.pooled.clone().slice([0..b, 0..1]).reshape([b, 1, 1, 1]);
+            Ok(latent * c)
+        }
+
+        fn embeds_guidance(&self) -> bool {
+            self.embeds
+        }
+
+        fn embedded_velocity(
+            &self,
+            latent: Tensor<B, 4>,
+            _: Tensor<B, 1>,
+            _: &Conditioning<B>,
+            guidance: f64,
+        ) -> crate::Result<Tensor<B, 4>> {
+            self.calls.borrow_mut().push((latent.dims()[0], Some(guidance)));
+            Ok(latent + guidance)
+        }
+    }
+
+    /// A model that embeds guidance gets one pass of the batch with the scale as its input; a
+    /// CFG model gets one pass of `[latent; latent]` and `u + g (c - u)`, or the conditional
+    /// pass alone at a scale of at most 1 (diffusers' rule).
+    #[test]
+    fn embedded_guidance_is_one_pass_with_the_scale_as_input() {
+        let dev = Default::default();
+        let cond = |v: f32| Conditioning::<B> {
+            text: Tensor::zeros([2, 3, 4], &dev),
+            pooled: Tensor::full([2, 5], v, &dev),
+        };
+        let (c, u) = (cond(1.0), cond(0.0));
+        let x = Tensor::<B, 4>::ones([2, 1, 2, 2], &dev);
+        let t = Tensor::<B, 1>::full([2], 500.0, &dev);
+        let value = |v: Tensor<B, 4>| v.into_data().convert::<f32>().to_vec::<f32>().unwrap()[0];
+        for (embeds, g, calls, out) in [
+            (true, 3.5, vec![(2, Some(3.5))], 4.5),
+            (false, 3.5, vec![(4, None)], 3.5),
+            (false, 1.0, vec![(2, None)], 1.0),
+        ] {
+            let model = Recorder { embeds, calls: RefCell::new(vec![]) };
+            let guidance = Guidance::for_model(&model, &c, &u, g, 2, 1).unwrap();
+            let v = guidance.velocity(&model, x.clone(), t.clone()).unwrap();
+            assert_eq!(*model.calls.borrow(), calls, "embeds {embeds}, g {g}");
+            assert_eq!(value(v), out, "embeds {embeds}, g {g}");
+        }
+    }
+}

@@ -10,7 +10,7 @@ pub(crate) use apply::{apply_plan, Source};
 pub use file::{TensorInfo, WeightFiles};
 pub use save::{save_safetensors, save_safetensors_with_metadata};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::prelude::Backend;
@@ -24,6 +24,35 @@ pub fn read_config<T: serde::de::DeserializeOwned>(path: impl AsRef<Path>) -> Re
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     serde_json::from_str(text).map_err(|e| Error::format(path, format!("invalid config: {e}")))
+}
+
+/// The file stem of a diffusers model's weights (`diffusion_pytorch_model.safetensors`, or its
+/// shards and `.safetensors.index.json`).
+pub(crate) const DIFFUSERS_STEM: &str = "diffusion_pytorch_model";
+
+/// The model folder `path` names: its `transformer/` when `path` is a pipeline folder holding
+/// one, else `path` itself.
+pub(crate) fn transformer_dir(path: &Path) -> PathBuf {
+    let transformer = path.join("transformer");
+    if transformer.is_dir() {
+        transformer
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Reads the configuration file `path` and parses its text with `parse`; errors are reported
+/// against the file (a field's error names the field).
+pub(crate) fn parse_config_file<T>(
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T>,
+) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    parse(&text).map_err(|e| match e {
+        Error::Format { message, .. } => Error::format(path, message),
+        Error::Config { field, message } => Error::format(path, format!("`{field}` {message}")),
+        other => other,
+    })
 }
 
 /// Opens a checkpoint given as one file: a `.safetensors` file, or a `.safetensors.index.json`
@@ -60,7 +89,7 @@ pub(crate) fn save_diffusers_folder<B: Backend, M: Module<B>>(
         .into_iter()
         .map(|(path, shape, values)| (key(&path), shape, values))
         .collect();
-    save_safetensors(&dir.join("diffusion_pytorch_model.safetensors"), &tensors)?;
+    save_safetensors(&dir.join(format!("{DIFFUSERS_STEM}.safetensors")), &tensors)?;
     let config_path = dir.join("config.json");
     crate::files::write_atomically(&config_path, |tmp| {
         std::fs::write(tmp, config_json).map_err(|e| Error::io(tmp, e))

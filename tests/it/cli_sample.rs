@@ -110,8 +110,7 @@ fn sample_and_merge_apply_a_trained_adapter() {
     let inputs = tpgrpo::weights::WeightFiles::open(lora.join("expected.safetensors")).unwrap();
     let merged_model = MMDiT::<B>::load(&merged, &common::device()).unwrap();
     let out = common::mmdit_forward(&merged_model, &inputs);
-    let (diff, scale) = common::max_diff(out, common::tensor::<4>(&inputs, "merged"));
-    assert!(diff <= 1e-5 * scale.max(1.0), "merged: max|diff| {diff:e}");
+    common::parity("merged", out, &inputs, "merged", 1e-5).unwrap();
     let o = merge(&merged);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("already holds config.json"), "{err}");

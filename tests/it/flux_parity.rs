@@ -72,14 +72,9 @@ fn flux_matches_diffusers_on_every_case() {
                 &rope,
             )
             .unwrap_or_else(|e| panic!("{}: {e}", case.display()));
-        let (diff, scale) = common::max_diff(out, common::tensor::<3>(&io, "output"));
-        let tol = 1e-4 * scale.max(1.0);
-        println!(
-            "{}: max|diff| = {diff:.3e} (tolerance {tol:.3e})",
-            case.file_name().unwrap().to_string_lossy()
-        );
-        if diff.is_nan() || diff > tol {
-            failures.push(format!("{}: max|diff| {diff:e} > {tol:e}", case.display()));
+        let name = case.file_name().unwrap().to_string_lossy();
+        if let Err(e) = common::parity(&name, out, &io, "output", 1e-4) {
+            failures.push(e);
         }
     }
     assert!(failures.is_empty(), "parity failures:\n{}", failures.join("\n"));
@@ -180,10 +175,7 @@ fn flux_lora_matches_peft_in_both_layouts() {
             .unwrap()
     };
     let check = |what: &str, out: Tensor<B, 3>, key: &str| {
-        let (diff, scale) = common::max_diff(out, common::tensor::<3>(&expected, key));
-        let tol = 1e-4 * scale.max(1.0);
-        println!("{what}: max|diff| = {diff:.3e} (tolerance {tol:.3e})");
-        assert!(diff <= tol, "{what}: max|diff| {diff:e} > {tol:e}");
+        common::parity(what, out, &expected, key, 1e-4).unwrap();
     };
     for source in [lora.join("peft"), lora.join("pytorch_lora_weights.safetensors")] {
         let (model, config) = load(&case).load_adapter(&source).unwrap();

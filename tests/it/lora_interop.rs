@@ -67,10 +67,7 @@ fn forward(model: &MMDiT<B>) -> Tensor<B, 4> {
 /// Compares `model`'s output with the reference output `key` at 1e-5 of its magnitude.
 fn assert_matches(model: &MMDiT<B>, key: &str) {
     let expected = WeightFiles::open(fixtures().join("expected.safetensors")).unwrap();
-    let (diff, scale) = common::max_diff(forward(model), common::tensor(&expected, key));
-    let tol = 1e-5 * scale.max(1.0);
-    println!("{key}: max|diff| {diff:.3e} (tolerance {tol:.3e}, max|out| {scale:.2})");
-    assert!(diff <= tol, "{key}: max|diff| {diff:e} > {tol:e}");
+    common::parity(key, forward(model), &expected, key, 1e-5).unwrap();
 }
 
 #[test]

@@ -50,14 +50,9 @@ fn mmdit_matches_diffusers_on_every_case() {
         let inputs = WeightFiles::open(case.join("inputs.safetensors")).unwrap();
         let expected = WeightFiles::open(case.join("expected.safetensors")).unwrap();
         let out = common::mmdit_forward(&model, &inputs);
-        let (diff, scale) = common::max_diff(out, common::tensor::<4>(&expected, "sample"));
-        let tol = 1e-4 * scale.max(1.0);
-        println!(
-            "{}: max|diff| = {diff:.3e} (tolerance {tol:.3e})",
-            case.file_name().unwrap().to_string_lossy()
-        );
-        if diff.is_nan() || diff > tol {
-            failures.push(format!("{}: max|diff| {diff:e} > {tol:e}", case.display()));
+        let name = case.file_name().unwrap().to_string_lossy();
+        if let Err(e) = common::parity(&name, out, &expected, "sample", 1e-4) {
+            failures.push(e);
         }
     }
     assert!(failures.is_empty(), "parity failures:\n{}", failures.join("\n"));

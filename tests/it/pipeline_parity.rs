@@ -48,10 +48,7 @@ fn expected() -> WeightFiles {
 
 /// Asserts `out` matches fixture `key` to 1e-4 relative to the reference's largest magnitude.
 fn assert_close<const D: usize>(out: Tensor<B, D>, key: &str) {
-    let (diff, scale) = common::max_diff(out, common::tensor::<D>(&expected(), key));
-    let tol = 1e-4 * scale.max(1.0);
-    println!("{key}: max|diff| = {diff:.3e} (tolerance {tol:.3e})");
-    assert!(diff <= tol, "{key}: max|diff| {diff:e} > {tol:e}");
+    common::parity(key, out, &expected(), key, 1e-4).unwrap();
 }
 
 fn ids(c: &Cases, name: &str) -> Vec<Vec<u32>> {

@@ -58,8 +58,9 @@ fn trains_a_flux_folder_and_resumes_exactly() {
     assert!(history[0].eval_reward.is_some() && history[2].eval_reward.is_some());
     for m in &history[1..] {
         assert!(m.reward_mean.is_finite() && m.loss.ratio_mean.is_finite(), "{m:?}");
-        // One pass per step (embedded guidance, no unconditional branch): 4 rollout steps plus
-        // completions from steps 0 and 1 (4 + 3).
+        // 4 rollout steps plus completions from steps 0 and 1 (4 + 3). (NFE counts a guided
+        // pass once either way; that FLUX makes one pass of batch B with the scale as its input
+        // is `sampler::guidance`'s unit test.)
         assert_eq!(m.nfe_per_sample, 11.0, "{m:?}");
     }
     assert!(straight.join("samples/epoch-00002.png").is_file());

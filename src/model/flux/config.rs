@@ -103,13 +103,7 @@ impl FluxConfig {
     /// defaults (the released FLUX.1 configs omit `axes_dims_rope` and `out_channels`); an
     /// unknown field is an error naming it.
     pub fn load_json(path: impl AsRef<Path>) -> crate::Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json_str(&text).map_err(|e| match e {
-            Error::Format { message, .. } => Error::format(path, message),
-            Error::Config { field, message } => Error::format(path, format!("`{field}` {message}")),
-            other => other,
-        })
+        crate::weights::parse_config_file(path.as_ref(), Self::from_json_str)
     }
 
     /// Parses a diffusers-style JSON configuration (see [`FluxConfig::load_json`]).

@@ -13,9 +13,8 @@ use burn::prelude::*;
 use super::{Flux, FluxConfig};
 use crate::error::{Error, Result};
 use crate::model::mmdit::load::diffusers_key;
-use crate::weights::{
-    apply_plan, open_checkpoint_file, save_diffusers_folder, Source, WeightFiles,
-};
+use crate::weights::{apply_plan, open_checkpoint_file, save_diffusers_folder, transformer_dir};
+use crate::weights::{Source, WeightFiles, DIFFUSERS_STEM};
 
 /// Optional key prefix of the transformer in BFL / ComfyUI single files.
 pub(crate) const BFL_PREFIX: &str = "model.diffusion_model.";
@@ -195,13 +194,9 @@ impl<B: Backend> Flux<B> {
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
         let path = path.as_ref();
         if path.is_dir() {
-            let dir = if path.join("transformer").is_dir() {
-                path.join("transformer")
-            } else {
-                path.to_path_buf()
-            };
+            let dir = transformer_dir(path);
             let config = FluxConfig::load_json(dir.join("config.json"))?;
-            let files = WeightFiles::open_dir(&dir, "diffusion_pytorch_model")?;
+            let files = WeightFiles::open_dir(&dir, DIFFUSERS_STEM)?;
             return Self::from_files(&config, &files, &Layout::Diffusers, &dir, device);
         }
         let files = open_checkpoint_file(path)?;

@@ -12,16 +12,11 @@ use burn::prelude::*;
 
 use super::{MMDiT, MMDiTConfig};
 use crate::error::{Error, Result};
-use crate::weights::{
-    apply_plan, open_checkpoint_file, save_diffusers_folder, Source, WeightFiles,
-};
+use crate::weights::{apply_plan, open_checkpoint_file, save_diffusers_folder, transformer_dir};
+use crate::weights::{Source, WeightFiles, DIFFUSERS_STEM};
 
 /// Key prefix of the transformer in Stability single-file checkpoints.
 pub(crate) const STABILITY_PREFIX: &str = "model.diffusion_model.";
-/// Weight file name of a diffusers model folder.
-pub(crate) const WEIGHTS_FILE: &str = "diffusion_pytorch_model.safetensors";
-/// Shard index file name of a sharded diffusers model folder.
-pub(crate) const INDEX_FILE: &str = "diffusion_pytorch_model.safetensors.index.json";
 
 /// The diffusers checkpoint key of a module parameter path:
 /// `to_out` -> `to_out.0`, `ff.proj_in` -> `ff.net.0.proj`, `ff.proj_out` -> `ff.net.2`,
@@ -216,12 +211,7 @@ impl<B: Backend> MMDiT<B> {
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self> {
         let path = path.as_ref();
         if path.is_dir() {
-            let dir = if path.join("transformer").is_dir() {
-                path.join("transformer")
-            } else {
-                path.to_path_buf()
-            };
-            return Self::load_diffusers_dir(&dir, device);
+            return Self::load_diffusers_dir(&transformer_dir(path), device);
         }
         let files = open_checkpoint_file(path)?;
         let layout = if files.keys().any(|k| k.starts_with(STABILITY_PREFIX)) {
@@ -236,17 +226,7 @@ impl<B: Backend> MMDiT<B> {
     /// Loads a diffusers `transformer/` folder: `config.json` and its safetensors weights.
     pub fn load_diffusers_dir(dir: &Path, device: &B::Device) -> Result<Self> {
         let config = MMDiTConfig::load_json(dir.join("config.json"))?;
-        let (single, index) = (dir.join(WEIGHTS_FILE), dir.join(INDEX_FILE));
-        let files = if index.is_file() {
-            WeightFiles::open_sharded(&index)?
-        } else if single.is_file() {
-            WeightFiles::open(&single)?
-        } else {
-            return Err(Error::format(
-                dir,
-                format!("holds neither {WEIGHTS_FILE} nor {INDEX_FILE}"),
-            ));
-        };
+        let files = WeightFiles::open_dir(dir, DIFFUSERS_STEM)?;
         Self::from_files(&config, &files, Layout::Diffusers, dir, device)
     }
 

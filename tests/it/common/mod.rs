@@ -57,6 +57,25 @@ pub fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> (f32, f32) 
     (diff, scale)
 }
 
+/// The reference comparison of every parity test: `out` against `expected`'s tensor `key`,
+/// allowed `rel` times the reference's largest magnitude (at least 1). Prints the difference
+/// under `what`; returns the failure as a message (a NaN fails).
+pub fn parity<const D: usize>(
+    what: &str,
+    out: Tensor<B, D>,
+    expected: &WeightFiles,
+    key: &str,
+    rel: f32,
+) -> Result<(), String> {
+    let (diff, scale) = max_diff(out, tensor::<D>(expected, key));
+    let tol = rel * scale.max(1.0);
+    println!("{what}: max|diff| = {diff:.3e} (tolerance {tol:.3e}, max|reference| {scale:.2})");
+    if diff.is_nan() || diff > tol {
+        return Err(format!("{what}: max|diff| {diff:e} > {tol:e}"));
+    }
+    Ok(())
+}
+
 /// An analytic conditional field: data concentrated at the point given by the pooled vector's
 /// first `C` entries (broadcast over space), `v = (x - x0(c)) / sigma`; it counts its calls.
 #[derive(Default)]
