@@ -46,13 +46,7 @@ fn ids(io: &WeightFiles, key: &str) -> Vec<[f64; 3]> {
 #[test]
 fn flux_matches_diffusers_on_every_case() {
     let root = fixtures();
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("io.safetensors").is_file())
-        .collect();
-    cases.sort();
-    assert!(!cases.is_empty(), "no case folders under {}", root.display());
+    let cases = common::case_folders(&root, "io.safetensors");
 
     let device = common::device();
     let mut failures = Vec::new();

@@ -34,13 +34,7 @@ fn mmdit_matches_diffusers_on_every_case() {
     let root = std::env::var_os("TPGRPO_MMDIT_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(common::mmdit_fixtures);
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("expected.safetensors").is_file())
-        .collect();
-    cases.sort();
-    assert!(!cases.is_empty(), "no case folders under {}", root.display());
+    let cases = common::case_folders(&root, "expected.safetensors");
 
     let device = common::device();
     let mut failures = Vec::new();

@@ -57,6 +57,19 @@ pub fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> (f32, f32) 
     (diff, scale)
 }
 
+/// The case folders of a parity fixture: the sub-folders of `root` holding `marker`, sorted;
+/// none is an error naming `root`.
+pub fn case_folders(root: &Path, marker: &str) -> Vec<PathBuf> {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join(marker).is_file())
+        .collect();
+    cases.sort();
+    assert!(!cases.is_empty(), "no case folders under {}", root.display());
+    cases
+}
+
 /// The reference comparison of every parity test: `out` against `expected`'s tensor `key`,
 /// allowed `rel` times the reference's largest magnitude (at least 1). Prints the difference
 /// under `what`; returns the failure as a message (a NaN fails).
