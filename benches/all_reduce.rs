@@ -50,7 +50,7 @@ fn main() {
         .map(|(rank, device)| {
             let config = config.clone();
             std::thread::spawn(move || {
-                let replica = Replica { rank, size: n };
+                let replica = Replica::threads(rank, n);
                 replica.register::<B>(&device, config).expect("register");
                 let grads = gradients(&device);
                 let mut times = Vec::new();

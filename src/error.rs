@@ -96,6 +96,15 @@ pub enum Error {
         /// What happened.
         message: String,
     },
+    /// A replica of a multi-process run does not train what replica 0 trains: settings, model,
+    /// task or resumed state differ (or its adapters after an epoch).
+    #[error("rank {rank} does not train what rank 0 trains: {}", .differences.join("; "))]
+    RanksDiffer {
+        /// The first rank that differs.
+        rank: usize,
+        /// Each difference, naming the setting, tensor or detail and both values.
+        differences: Vec<String>,
+    },
     /// The device reported an error while running queued work or reading a tensor back, or
     /// computed values that fail a check against a host reference (`what`: the phase, tensor
     /// or computation).

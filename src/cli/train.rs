@@ -31,7 +31,13 @@ use tpgrpo::toy::{self, ToyChecks};
 use tpgrpo::train::save_reward_curve;
 use tpgrpo::train::{noise_scale, parallel, read_settings, run_dir, EpochMetrics, Task};
 use tpgrpo::train::{Observer, Phase};
-use tpgrpo::train::{TrainConfig, Trainer};
+use tpgrpo::train::{Replica, TrainConfig, Trainer};
+
+#[cfg(feature = "mpi")]
+use tpgrpo::train::mpi::Mpi;
+/// Without the `mpi` feature there is no MPI job to be a rank of.
+#[cfg(not(feature = "mpi"))]
+enum Mpi {}
 
 /// The trainer's command-line options (`tpgrpo train`, `train_sd3`).
 #[derive(Parser, Debug)]
@@ -82,6 +88,11 @@ pub struct Args {
     /// backend runs that many replicas on its one device).
     #[arg(long)]
     devices: Option<usize>,
+    /// Run as one rank of an MPI job (`mpirun -np N tpgrpo train --mpi ...`, or SLURM's
+    /// `srun`), one device per rank, rank 0 writing the run (docs/training.md); needs a build
+    /// with the `mpi` feature.
+    #[arg(long)]
+    mpi: bool,
     /// With `--resume`: continue even though the reward or the prompt set differs from the
     /// checkpoint's (refused otherwise, as for other changes that break an exact resume).
     #[arg(long, requires = "resume")]
@@ -108,6 +119,7 @@ fn rewards(specs: &[String], device: &backend::Device) -> tpgrpo::Result<Box<dyn
 fn train_replicas<P, F>(
     config: &TrainConfig,
     args: &Args,
+    mpi: Option<&Mpi>,
     out: &Path,
     trainer: F,
 ) -> tpgrpo::Result<Vec<EpochMetrics>>
@@ -123,36 +135,74 @@ where
         + Sync
         + 'static,
 {
-    let devices = backend::devices(config.devices)?;
-    let console = Console::new(config.epochs, out, !args.no_progress);
+    let lead = mpi.is_none_or(is_lead);
+    let console = Console::new(config.epochs, out, !args.no_progress && lead);
     let (settings, specs, resume, out) =
         (config.clone(), args.rewards.clone(), args.resume.clone(), out.to_path_buf());
     let stop = stop_on_signals()?;
     let allow_task_change = args.allow_task_change;
-    parallel::train::<TrainBackend, _, _, _>(
-        devices,
-        move |replica, device| {
-            let reward = rewards(&specs, device)?;
-            let mut trainer =
-                trainer(settings.clone(), reward, &out, device)?.with_replica(replica);
-            if allow_task_change {
-                trainer = trainer.allowing_task_change();
+    let build = move |replica: Replica, device: &backend::Device| {
+        let reward = rewards(&specs, device)?;
+        let mut trainer = trainer(settings.clone(), reward, &out, device)?.with_replica(replica);
+        if allow_task_change {
+            trainer = trainer.allowing_task_change();
+        }
+        trainer.check_memory(backend::memory(device))?;
+        trainer = trainer.stopping_on(stop.clone());
+        if let Some(checkpoint) = &resume {
+            match checkpoint {
+                Some(dir) => trainer.resume_from(dir)?,
+                None => trainer.resume()?,
             }
-            trainer.check_memory(backend::memory(device))?;
-            trainer = trainer.stopping_on(stop.clone());
-            if let Some(checkpoint) = &resume {
-                match checkpoint {
-                    Some(dir) => trainer.resume_from(dir)?,
-                    None => trainer.resume()?,
-                }
-                if replica.is_lead() {
-                    say!("resumed after epoch {}", trainer.epoch());
-                }
+            if replica.is_lead() {
+                say!("resumed after epoch {}", trainer.epoch());
             }
-            Ok(trainer)
-        },
-        console,
-    )
+        }
+        Ok(trainer)
+    };
+    match mpi {
+        None => {
+            let devices = backend::devices(config.devices)?;
+            parallel::train::<TrainBackend, _, _, _>(devices, build, console)
+        }
+        #[cfg(feature = "mpi")]
+        Some(mpi) => {
+            if config.devices != 1 {
+                return Err(tpgrpo::Error::config(
+                    "devices",
+                    format!(
+                        "{} with --mpi: each rank trains on one device (launch one rank per \
+                         device)",
+                        config.devices
+                    ),
+                ));
+            }
+            let local = mpi.local_rank();
+            let device = backend::devices(local + 1)?.swap_remove(local);
+            parallel::train_mpi(mpi, |replica| build(replica, &device), console)
+        }
+        #[cfg(not(feature = "mpi"))]
+        Some(mpi) => match *mpi {},
+    }
+}
+
+/// The replicas of the run, as the first line shows them: `N` devices, or `N MPI ranks`.
+fn replicas(config: &TrainConfig, mpi: Option<&Mpi>) -> String {
+    match mpi {
+        None => config.devices.to_string(),
+        #[cfg(feature = "mpi")]
+        Some(mpi) => format!("{} MPI ranks", mpi.size()),
+        #[cfg(not(feature = "mpi"))]
+        Some(mpi) => match *mpi {},
+    }
+}
+
+/// Whether this process is rank 0 of its MPI job (it writes and reports the run).
+fn is_lead(mpi: &Mpi) -> bool {
+    #[cfg(feature = "mpi")]
+    return mpi.rank() == 0;
+    #[cfg(not(feature = "mpi"))]
+    match *mpi {}
 }
 
 /// What a run shows: progress bars on stderr, a line per epoch on stdout, and
@@ -321,7 +371,16 @@ fn stop_on_signals() -> tpgrpo::Result<Arc<AtomicBool>> {
 /// Trains as `args` say (see the module documentation); a run stopped by a signal says where
 /// its checkpoint is and exits with [`STOPPED`].
 pub fn run(args: Args) -> tpgrpo::Result<()> {
-    match train(args) {
+    if args.mpi {
+        return run_rank(args);
+    }
+    ended(train(args, None))
+}
+
+/// What a run that ended with `result` returns: a stop says where its checkpoint is and exits
+/// with [`STOPPED`].
+fn ended(result: tpgrpo::Result<()>) -> tpgrpo::Result<()> {
+    match result {
         Err(tpgrpo::Error::Stopped { epoch, checkpoint }) => {
             say!(
                 "stopped after epoch {epoch}: checkpoint {}; continue with --resume",
@@ -333,8 +392,47 @@ pub fn run(args: Args) -> tpgrpo::Result<()> {
     }
 }
 
-/// [`run`] until the end or a stop.
-fn train(mut args: Args) -> tpgrpo::Result<()> {
+/// [`run`] as one rank of an MPI job. Rank 0 prints; an outcome every rank shares (the end, a
+/// stop, ranks that differ) ends MPI normally, any other error is printed with the rank and
+/// aborts the job, so that no rank waits for this one.
+#[cfg(feature = "mpi")]
+fn run_rank(args: Args) -> tpgrpo::Result<()> {
+    let mpi = Mpi::init()?;
+    let rank = mpi.rank();
+    if rank != 0 {
+        crate::console::silence();
+    }
+    match train(args, Some(&mpi)) {
+        Ok(()) => {
+            mpi.finish();
+            Ok(())
+        }
+        Err(e @ (tpgrpo::Error::Stopped { .. } | tpgrpo::Error::RanksDiffer { .. })) => {
+            let status = if matches!(e, tpgrpo::Error::Stopped { .. }) { STOPPED } else { 1 };
+            mpi.finish();
+            if rank == 0 {
+                return ended(Err(e));
+            }
+            std::process::exit(status)
+        }
+        Err(e) => {
+            eprintln!("error: rank {rank}: {e}");
+            mpi.abort(1)
+        }
+    }
+}
+
+/// Without the `mpi` feature: the error says how to build with it.
+#[cfg(not(feature = "mpi"))]
+fn run_rank(_: Args) -> tpgrpo::Result<()> {
+    Err(tpgrpo::Error::config(
+        "mpi",
+        "`--mpi` needs a build with MPI: `cargo build --release --features mpi` (docs/training.md)",
+    ))
+}
+
+/// [`run`] until the end or a stop, as rank `mpi` of an MPI job or alone.
+fn train(mut args: Args, mpi: Option<&Mpi>) -> tpgrpo::Result<()> {
     let settings = read_config(&mut args)?;
     let file = args.config.as_deref().zip(settings.as_ref());
     let device = backend::init()?;
@@ -342,7 +440,7 @@ fn train(mut args: Args) -> tpgrpo::Result<()> {
     let mut sets: Vec<String> = objective.into_iter().chain(args.sets.iter().cloned()).collect();
     sets.extend(args.devices.map(|n| format!("devices={n}")));
     if let Some(dir) = &args.model {
-        return train_diffusers(dir, &args, file, &sets, &device);
+        return train_diffusers(dir, &args, mpi, file, &sets, &device);
     }
     let config = toy::train_config().with_json(file, &sets)?;
     if args.print_config {
@@ -350,8 +448,7 @@ fn train(mut args: Args) -> tpgrpo::Result<()> {
     }
     let objective = config.objective.objective.name();
     let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/toy-{objective}")));
-    let claim = run_dir::claim(&out, start(&args))?;
-    say_takeover(&claim, &out);
+    let claim = claim(&out, &args, mpi)?;
     say!(
         "tpgrpo train: embedded toy task, {} with {} on {} ({}) x {}, {} epochs of {} \
          prompts x {}, output {}",
@@ -359,13 +456,13 @@ fn train(mut args: Args) -> tpgrpo::Result<()> {
         args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(&device)?),
-        config.devices,
+        replicas(&config, mpi),
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
         out.display()
     );
-    let history = train_replicas(&config, &args, &out, |settings, reward, out, device| {
+    let history = train_replicas(&config, &args, mpi, &out, |settings, reward, out, device| {
         toy::trainer::<TrainBackend>(settings, reward, out, device)
     })?;
     report(&history, &config, &out);
@@ -394,14 +491,20 @@ fn print_config(args: &Args, config: &TrainConfig) -> tpgrpo::Result<()> {
     Ok(())
 }
 
-/// Says so when the output folder's lock was taken over from a run that was killed.
-fn say_takeover(claim: &run_dir::Claim, out: &std::path::Path) {
+/// Claims the output folder for this run (rank 0 of an MPI job, which alone writes it), and
+/// says so when its lock was taken over from a run that was killed.
+fn claim(out: &Path, args: &Args, mpi: Option<&Mpi>) -> tpgrpo::Result<Option<run_dir::Claim>> {
+    if !mpi.is_none_or(is_lead) {
+        return Ok(None);
+    }
+    let claim = run_dir::claim(out, start(args))?;
     if let Some(pid) = claim.took_over_from {
         say!(
             "{}: took over from process {pid}, which ended without releasing the folder",
             out.display()
         );
     }
+    Ok(Some(claim))
 }
 
 /// Prints the held-out reward at the first and last evaluation and the gradient noise scale
@@ -435,6 +538,7 @@ fn report(history: &[EpochMetrics], config: &TrainConfig, out: &std::path::Path)
 fn train_diffusers(
     dir: &std::path::Path,
     args: &Args,
+    mpi: Option<&Mpi>,
     file: Option<(&Path, &serde_json::Value)>,
     sets: &[String],
     device: &backend::Device,
@@ -469,8 +573,7 @@ fn train_diffusers(
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!("runs/{}-{}", family.name(), config.objective.objective.name()))
     });
-    let claim = run_dir::claim(&out, start(args))?;
-    say_takeover(&claim, &out);
+    let claim = claim(&out, args, mpi)?;
     // Prompts first, and each replica loads its rewards before the transformer: a wrong path
     // fails before the transformer is read.
     let set = args.prompts.as_ref().map(PromptSet::load).transpose()?;
@@ -487,7 +590,7 @@ fn train_diffusers(
         args.rewards.join(" + "),
         backend::NAME,
         dtype_name(config.precision.resolve::<Backend>(device)?),
-        config.devices,
+        replicas(&config, mpi),
         config.epochs,
         config.prompts_per_epoch,
         config.group_size,
@@ -497,46 +600,53 @@ fn train_diffusers(
         out.display()
     );
     let model = dir.to_path_buf();
-    let history = train_replicas(&config, args, &out, move |settings, reward, out, device| {
-        // What the reward reads of each prompt, checked at its file:line before the
-        // transformer loads.
-        if let Some(set) = &set {
-            set.check(&|p| reward.check_prompt(p))?;
-        }
-        let resolution = |e| match e {
-            tpgrpo::Error::Config { message, .. } => tpgrpo::Error::config("resolution", message),
-            other => other,
-        };
-        let (transformer, pipeline): (Denoiser<TrainBackend>, Box<dyn TextToImage<Backend>>) =
-            match family {
-                Family::Sd3 => {
-                    let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
-                    let config = &transformer.config;
-                    let [h, w] =
-                        image_to_latent_size(config, 8, [side, side]).map_err(resolution)?;
-                    let latent = [config.in_channels, h, w];
-                    let pipeline =
-                        Sd3Conditioner::<Backend>::load(&model, DEFAULT_T5_LENGTH, latent, device)?;
-                    (transformer.into(), Box::new(pipeline))
+    let history =
+        train_replicas(&config, args, mpi, &out, move |settings, reward, out, device| {
+            // What the reward reads of each prompt, checked at its file:line before the
+            // transformer loads.
+            if let Some(set) = &set {
+                set.check(&|p| reward.check_prompt(p))?;
+            }
+            let resolution = |e| match e {
+                tpgrpo::Error::Config { message, .. } => {
+                    tpgrpo::Error::config("resolution", message)
                 }
-                Family::Flux => {
-                    let transformer = Flux::<TrainBackend>::load(&model, device)?;
-                    let [h, w] = flux_latent_size(8, [side, side]).map_err(resolution)?;
-                    let latent = [transformer.config.in_channels / 4, h, w];
-                    let pipeline = FluxConditioner::<Backend>::load(
-                        &model,
-                        DEFAULT_T5_LENGTH,
-                        latent,
-                        device,
-                    )?;
-                    (transformer.into(), Box::new(pipeline))
-                }
+                other => other,
             };
-        let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
-        let (train_prompts, eval_prompts) = (train_prompts.clone(), eval_prompts.clone());
-        let task = Task { pipeline, reward, train_prompts, eval_prompts, report };
-        Trainer::new(settings, transformer, task, out)
-    })?;
+            let (transformer, pipeline): (Denoiser<TrainBackend>, Box<dyn TextToImage<Backend>>) =
+                match family {
+                    Family::Sd3 => {
+                        let transformer = MMDiT::<TrainBackend>::load(&model, device)?;
+                        let config = &transformer.config;
+                        let [h, w] =
+                            image_to_latent_size(config, 8, [side, side]).map_err(resolution)?;
+                        let latent = [config.in_channels, h, w];
+                        let pipeline = Sd3Conditioner::<Backend>::load(
+                            &model,
+                            DEFAULT_T5_LENGTH,
+                            latent,
+                            device,
+                        )?;
+                        (transformer.into(), Box::new(pipeline))
+                    }
+                    Family::Flux => {
+                        let transformer = Flux::<TrainBackend>::load(&model, device)?;
+                        let [h, w] = flux_latent_size(8, [side, side]).map_err(resolution)?;
+                        let latent = [transformer.config.in_channels / 4, h, w];
+                        let pipeline = FluxConditioner::<Backend>::load(
+                            &model,
+                            DEFAULT_T5_LENGTH,
+                            latent,
+                            device,
+                        )?;
+                        (transformer.into(), Box::new(pipeline))
+                    }
+                };
+            let report = checks.then(|| Box::new(ToyChecks) as Box<dyn Report>);
+            let (train_prompts, eval_prompts) = (train_prompts.clone(), eval_prompts.clone());
+            let task = Task { pipeline, reward, train_prompts, eval_prompts, report };
+            Trainer::new(settings, transformer, task, out)
+        })?;
     report(&history, &config, &out);
     drop(claim);
     Ok(())

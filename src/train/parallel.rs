@@ -5,12 +5,8 @@
 //! device), the rewards are gathered so that credit sees whole groups, the gradients of an
 //! optimizer step are summed over the replicas before clipping and AdamW, and every replica
 //! takes the same step. Replica 0 evaluates and writes metrics, samples and checkpoints.
-//! Across nodes the same is meant to run through the collective's global mode (one process
-//! per node and an orchestrator; `train_nodes`, with the `multi-node` feature); that does not
-//! work yet: in burn-collective 0.21 a node's sync after each global all-reduce
-//! (`SyncService::sync`) clears a copy of its list of synced peers, not the list, so every
-//! global all-reduce after the first waits forever (seen with two processes on 127.0.0.1,
-//! ring and centralized strategies alike). No command line offers it (issues 22 and 38).
+//! Across processes and machines the same runs over MPI ([`train_mpi`], with the `mpi`
+//! feature): one process per device, each one replica.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -21,6 +17,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::metrics::EpochMetrics;
 use super::observe::{Observer, Silent};
 use super::replica::Replica;
+use super::same_run::check_same_adapters;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::sampler::TextToImage;
@@ -35,7 +32,8 @@ pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// thread, after the replica has joined the collective, so a failing build stops the run like
 /// any failure; a build that resumes sets the replica first, [`Trainer::with_replica`], so
 /// that only the lead rewrites the metrics); `observer` sees the lead replica's progress and
-/// metrics lines. The first replica error stops the run: the collective is reset, so replicas
+/// metrics lines. At the end every replica checks that all hold the same adapters
+/// ([`Error::RanksDiffer`] otherwise). The first replica error stops the run: the collective is reset, so replicas
 /// waiting in it fail at once, and the others get [`STOP_WAIT`] to stop before the error is
 /// returned.
 pub fn train<B, P, F, O>(
@@ -49,56 +47,16 @@ where
     F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
     O: Observer + Send + 'static,
 {
-    let config = CollectiveConfig::default().with_num_devices(devices.len());
-    run(devices, (0, 1), config, build, observer)
-}
-
-/// [`train`] as node `nodes.rank` of `nodes.count` (this node's devices in `devices`);
-/// returns the metrics of this process's first replica (the run's, on node 0).
-#[cfg(feature = "multi-node")]
-pub fn train_nodes<B, P, F, O>(
-    devices: Vec<B::Device>,
-    nodes: Nodes,
-    build: F,
-    observer: O,
-) -> Result<Vec<EpochMetrics>>
-where
-    B: AutodiffBackend,
-    P: TextToImage<B::InnerBackend>,
-    F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
-    O: Observer + Send + 'static,
-{
-    let config = collective_config(devices.len(), &nodes)?;
-    run(devices, (nodes.rank, nodes.count), config, build, observer)
-}
-
-/// [`train`] on node `node.0` of `node.1` with the collective settings `config`.
-fn run<B, P, F, O>(
-    devices: Vec<B::Device>,
-    (node, node_count): (usize, usize),
-    config: CollectiveConfig,
-    build: F,
-    observer: O,
-) -> Result<Vec<EpochMetrics>>
-where
-    B: AutodiffBackend,
-    P: TextToImage<B::InnerBackend>,
-    F: Fn(Replica, &B::Device) -> Result<Trainer<B, P>> + Send + Sync + 'static,
-    O: Observer + Send + 'static,
-{
     if devices.is_empty() {
         return Err(Error::config("devices", "at least one device"));
     }
-    if node >= node_count {
-        return Err(Error::config("node rank", format!("{node} of {node_count} nodes")));
-    }
-    let size = devices.len() * node_count;
+    let size = devices.len();
+    let config = CollectiveConfig::default().with_num_devices(size);
     let build = std::sync::Arc::new(build);
     let (done, results) = mpsc::channel();
-    let first = node * devices.len();
     let mut observer = Some(observer);
     for (d, device) in devices.into_iter().enumerate() {
-        let replica = Replica { rank: first + d, size };
+        let replica = Replica::threads(d, size);
         let (build, done, config) = (build.clone(), done.clone(), config.clone());
         let lead_observer = observer.take();
         std::thread::Builder::new()
@@ -113,6 +71,9 @@ where
                         Some(mut observer) => trainer.train(&mut observer),
                         None => trainer.train(&mut Silent),
                     };
+                    if size > 1 && history.is_ok() {
+                        check_same_adapters(&trainer, &replica)?;
+                    }
                     // A stop is agreed by every replica: they leave the collective together.
                     let agreed = matches!(history, Ok(_) | Err(Error::Stopped { .. }));
                     if size > 1 && agreed {
@@ -131,14 +92,14 @@ where
                     });
                 let _ = done.send((d, result));
             })
-            .map_err(|e| Error::Replica { rank: first + d, message: e.to_string() })?;
+            .map_err(|e| Error::Replica { rank: d, message: e.to_string() })?;
     }
     drop(done);
     let mut history = None;
     let mut stopped = None;
-    for _ in 0..size / node_count {
+    for _ in 0..size {
         let (d, result) = results.recv().map_err(|_| Error::Replica {
-            rank: first,
+            rank: 0,
             message: "a replica thread ended without reporting".into(),
         })?;
         match result {
@@ -166,63 +127,41 @@ where
     if let Some(stopped) = stopped {
         return Err(stopped);
     }
-    history.ok_or_else(|| Error::Replica { rank: first, message: "no metrics".into() })
+    history.ok_or_else(|| Error::Replica { rank: 0, message: "no metrics".into() })
 }
 
-/// The nodes of a multi-node run (the collective's global mode): this process is node `rank`
-/// of `count`; the other nodes fetch its tensors at `address`, whose port this node serves;
-/// `orchestrator` is the run's orchestrator ([`orchestrate`]). Addresses are `ws://host:port`.
-#[cfg(feature = "multi-node")]
-#[derive(Debug, Clone)]
-pub struct Nodes {
-    /// Nodes of the run.
-    pub count: usize,
-    /// This node's rank, `0..count`; its replicas are ranks `rank * devices ..`.
-    pub rank: usize,
-    /// The orchestrator, `ws://host:port`.
-    pub orchestrator: String,
-    /// This node, `ws://host:port`, as the other nodes reach it.
-    pub address: String,
-}
-
-/// The port of a `ws://host:port` address, or an error naming `field`.
-#[cfg(feature = "multi-node")]
-fn port(field: &str, address: &str) -> Result<u16> {
-    let bad = || Error::config(field, format!("{address:?} is not a ws://host:port address"));
-    let rest = address.strip_prefix("ws://").ok_or_else(bad)?;
-    let (host, port) = rest.trim_end_matches('/').rsplit_once(':').ok_or_else(bad)?;
-    if host.is_empty() {
-        return Err(bad());
-    }
-    port.parse().map_err(|_| bad())
-}
-
-/// The collective settings of node `n` of a multi-node run with `devices` devices in this
-/// process.
-#[cfg(feature = "multi-node")]
-fn collective_config(devices: usize, n: &Nodes) -> Result<CollectiveConfig> {
-    let config = CollectiveConfig::default().with_num_devices(devices);
-    port("orchestrator", &n.orchestrator)?;
-    let data_port = port("node address", &n.address)?;
-    let parse = |field: &str, s: &str| s.parse().map_err(|e: String| Error::config(field, e));
-    Ok(config
-        .with_num_nodes(n.count as u32)
-        .with_global_address(parse("orchestrator", &n.orchestrator)?)
-        .with_node_address(parse("node address", &n.address)?)
-        .with_data_service_port(data_port))
-}
-
-/// Runs the orchestrator of a multi-node run on `port` until the process is interrupted: the
-/// nodes register with it and learn each other's addresses (see the module's note: the
-/// global mode does not work yet).
-#[cfg(feature = "multi-node")]
-pub fn orchestrate(port: u16) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::config("orchestrator", format!("cannot start its runtime: {e}")))?;
-    runtime.block_on(burn_collective::start_global_orchestrator(port));
-    Ok(())
+/// Trains this process's replica of an MPI job (`mpi` feature): `build` makes its trainer on
+/// this process's device (see [`train`]), every rank checks that all ranks train the same
+/// thing (settings, model weights and adapters, task, resumed epoch; [`Error::RanksDiffer`]
+/// names what differs), the replicas train together, and at the end every rank checks that
+/// all hold the same adapters. Returns this rank's metrics (the run's on rank 0, which alone
+/// evaluates, writes and reports to `observer`).
+///
+/// An error returned here leaves the other ranks waiting in a collective unless it is one every
+/// rank returns ([`Error::RanksDiffer`], [`Error::Stopped`]): the caller then aborts the job
+/// ([`super::mpi::Mpi::abort`]; dropping the [`super::mpi::Mpi`] does too).
+#[cfg(feature = "mpi")]
+pub fn train_mpi<B, P, F, O>(
+    mpi: &super::mpi::Mpi,
+    build: F,
+    mut observer: O,
+) -> Result<Vec<EpochMetrics>>
+where
+    B: AutodiffBackend,
+    P: TextToImage<B::InnerBackend>,
+    F: FnOnce(Replica) -> Result<Trainer<B, P>>,
+    O: Observer,
+{
+    let replica = mpi.replica();
+    let mut trainer = build(replica)?.with_replica(replica);
+    super::same_run::check_same_run(&trainer, &replica)?;
+    let history = if replica.is_lead() {
+        trainer.train(&mut observer)?
+    } else {
+        trainer.train(&mut Silent)?
+    };
+    check_same_adapters(&trainer, &replica)?;
+    Ok(history)
 }
 
 #[cfg(test)]
@@ -357,7 +296,7 @@ mod tests {
     fn step_gradients_are_the_sum_of_their_terms_on_one_device_and_two_replicas() {
         let single = epoch(Replica::SINGLE);
         let replicas: Vec<Epoch> = (0..2)
-            .map(|rank| std::thread::spawn(move || epoch(Replica { rank, size: 2 })))
+            .map(|rank| std::thread::spawn(move || epoch(Replica::threads(rank, 2))))
             .collect::<Vec<_>>()
             .into_iter()
             .map(|h| h.join().unwrap())

@@ -1,7 +1,9 @@
-//! One replica of a data-parallel run, and the collective operations it takes part in
-//! (Burn's `burn-collective`): its share of the epoch's samples, exact gathers of host values
-//! and the gradient all-reduce. The single-device run is replica 0 of 1, for which every
-//! operation is the identity and nothing is communicated.
+//! One replica of a data-parallel run, and the collective operations it takes part in: its
+//! share of the epoch's samples, exact gathers of host values and the gradient all-reduce,
+//! all built on one sum over the replicas, through Burn's `burn-collective` between the
+//! threads of one process or through MPI between processes (`mpi` feature). The
+//! single-device run is replica 0 of 1, for which every operation is the identity and
+//! nothing is communicated.
 
 use std::ops::Range;
 
@@ -12,13 +14,28 @@ use burn::tensor::TensorPrimitive;
 use super::update::Gradients;
 use crate::error::{Error, Result};
 
-/// A replica: its rank among the `size` replicas of the run (over all nodes).
+/// A replica: its rank among the `size` replicas of the run, and how the replicas meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replica {
     /// Rank, `0..size`; rank 0 writes metrics, samples and checkpoints.
     pub rank: usize,
     /// Replicas of the run.
     pub size: usize,
+    /// How the replicas exchange values.
+    pub transport: Transport,
+}
+
+/// How the replicas of a run exchange values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Threads of one process, through Burn's collective (`burn-collective`, local mode); each
+    /// replica registers first ([`Replica::register`]).
+    #[default]
+    Threads,
+    /// One process per replica, through MPI's `MPI_COMM_WORLD` (rank = MPI rank), which the
+    /// process has initialised ([`super::mpi::Mpi`]).
+    #[cfg(feature = "mpi")]
+    Mpi,
 }
 
 impl Default for Replica {
@@ -33,7 +50,12 @@ const BITS: u32 = 22;
 
 impl Replica {
     /// The single-device run.
-    pub const SINGLE: Replica = Replica { rank: 0, size: 1 };
+    pub const SINGLE: Replica = Replica::threads(0, 1);
+
+    /// Replica `rank` of `size` threads of this process ([`Transport::Threads`]).
+    pub const fn threads(rank: usize, size: usize) -> Replica {
+        Replica { rank, size, transport: Transport::Threads }
+    }
 
     /// Whether this replica writes the run's files (rank 0).
     pub fn is_lead(&self) -> bool {
@@ -150,11 +172,26 @@ impl Replica {
             .collect())
     }
 
+    /// The element-wise sum of `t` over the replicas, in f32 (every replica gets the same).
     fn all_reduce_tensor<B: Backend>(&self, t: Tensor<B, 1>) -> Result<Tensor<B, 1>> {
-        let primitive = t.into_primitive().tensor();
-        let summed = collective::all_reduce::<B>(self.peer(), primitive, ReduceOperation::Sum)
-            .map_err(|e| self.fail(e))?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+        match self.transport {
+            Transport::Threads => {
+                let primitive = t.into_primitive().tensor();
+                let summed =
+                    collective::all_reduce::<B>(self.peer(), primitive, ReduceOperation::Sum)
+                        .map_err(|e| self.fail(e))?;
+                Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+            }
+            #[cfg(feature = "mpi")]
+            Transport::Mpi => {
+                let device = t.device();
+                let values = t.into_data().convert::<f32>();
+                let values = values.to_vec::<f32>().map_err(|e| self.fail(format!("{e:?}")))?;
+                let summed = super::mpi::all_reduce_sum(&values)?;
+                let len = summed.len();
+                Ok(Tensor::from_data(TensorData::new(summed, [len]), &device))
+            }
+        }
     }
 
     fn peer(&self) -> PeerId {

@@ -210,6 +210,12 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
         self
     }
 
+    /// Optimizer steps taken.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn optimizer_step(&self) -> u64 {
+        self.optimizer.step
+    }
+
     /// This trainer as replica `replica` of a data-parallel run (see [`super::parallel`]).
     pub fn with_replica(mut self, replica: Replica) -> Self {
         self.replica = replica;
@@ -480,7 +486,7 @@ impl<B: AutodiffBackend, P: TextToImage<B::InnerBackend>> Trainer<B, P> {
 
     /// What the run trains on besides its settings: the transformer's configuration and the
     /// latent shape (the resolution).
-    fn run_record(&self) -> RunRecord {
+    pub(crate) fn run_record(&self) -> RunRecord {
         RunRecord {
             transformer: self.model.config_json(),
             latent_shape: self.task.pipeline.latent_shape().to_vec(),

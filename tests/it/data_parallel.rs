@@ -101,87 +101,6 @@ fn assert_first_epoch_like_one_device(one: &[EpochMetrics], two: &[EpochMetrics]
     assert_eq!(one[1].optimizer_steps, two[1].optimizer_steps);
 }
 
-/// A free local TCP port.
-#[cfg(feature = "multi-node")]
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Two processes of one replica each (this test binary again, as [`node`]) through the
-/// collective's global mode on 127.0.0.1, with an orchestrator in this process, match the
-/// single device's first epoch. Ignored: burn-collective 0.21's node sync (`SyncService::sync`) clears a
-/// copy of its list of synced peers instead of the list, so every global all-reduce after
-/// the first waits forever (issue 22); the run is stopped after two minutes.
-#[cfg(feature = "multi-node")]
-#[test]
-#[ignore = "burn-collective 0.21's global mode hangs from its second all-reduce (issue 22)"]
-fn two_nodes_train_like_one_device() {
-    let _turn = turn();
-    let single = common::scratch("dp-nodes-single");
-    let one = trainer(config(), &single).train(&mut Silent).unwrap();
-    let out = common::scratch("dp-nodes");
-    let port = free_port();
-    std::thread::spawn(move || parallel::orchestrate(port));
-    let mut children: Vec<_> = (0..2)
-        .map(|rank| {
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "node", "--nocapture", "--include-ignored"])
-                .env("TPGRPO_TEST_NODE", format!("{rank}"))
-                .env("TPGRPO_TEST_ORCHESTRATOR", format!("ws://127.0.0.1:{port}"))
-                .env("TPGRPO_TEST_ADDRESS", format!("ws://127.0.0.1:{}", free_port()))
-                .env("TPGRPO_TEST_OUT", &out)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for child in &mut children {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "a node failed: {status}");
-                break;
-            }
-            if Instant::now() > deadline {
-                children.iter_mut().for_each(|c| drop(c.kill()));
-                panic!("the nodes did not finish within two minutes");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    let two = tpgrpo::train::read_metrics(&out.join("metrics.jsonl")).unwrap();
-    assert_first_epoch_like_one_device(&one, &two);
-}
-
-/// One node of [`two_nodes_train_like_one_device`], which runs it with its settings in the
-/// environment; run any other way it fails, naming the variables it needs.
-#[cfg(feature = "multi-node")]
-#[test]
-#[ignore = "a node process of two_nodes_train_like_one_device"]
-fn node() {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set: this test is a node process of two_nodes_train_like_one_device"
-            )
-        })
-    };
-    let rank = var("TPGRPO_TEST_NODE");
-    let out = std::path::PathBuf::from(var("TPGRPO_TEST_OUT"));
-    let nodes = parallel::Nodes {
-        count: 2,
-        rank: rank.parse().unwrap(),
-        orchestrator: var("TPGRPO_TEST_ORCHESTRATOR"),
-        address: var("TPGRPO_TEST_ADDRESS"),
-    };
-    parallel::train_nodes::<TrainBackend, _, _, _>(
-        vec![Default::default()],
-        nodes,
-        move |_, device| toy::trainer(config(), Box::new(ToyAlignment), &out, device),
-        Silent,
-    )
-    .unwrap();
-}
-
 /// Every replica's values, bit for bit, whatever they are.
 #[test]
 fn all_gather_is_exact() {
@@ -195,7 +114,7 @@ fn all_gather_is_exact() {
         .map(|rank| {
             let config = config.clone();
             std::thread::spawn(move || {
-                let r = Replica { rank, size: 3 };
+                let r = Replica::threads(rank, 3);
                 let device = Default::default();
                 r.register::<B>(&device, config).unwrap();
                 let all = r.all_gather::<B>(&values(rank), &device).unwrap();
@@ -219,7 +138,7 @@ fn shares_tile_the_samples() {
     for size in 1..7 {
         for total in size..40 {
             let shares: Vec<_> =
-                (0..size).map(|rank| Replica { rank, size }.share(total)).collect();
+                (0..size).map(|rank| Replica::threads(rank, size).share(total)).collect();
             assert_eq!(shares[0].start, 0);
             assert_eq!(shares[size - 1].end, total);
             for w in shares.windows(2) {
