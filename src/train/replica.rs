@@ -186,7 +186,7 @@ impl Replica {
             Transport::Mpi => {
                 let device = t.device();
                 let values = t.into_data().convert::<f32>();
-                let values = values.to_vec::<f32>().map_err(|e| self.fail(format!("{e:?}")))?;
+                let values = values.into_vec::<f32>().map_err(|e| self.fail(format!("{e:?}")))?;
                 let summed = super::mpi::all_reduce_sum(&values)?;
                 let len = summed.len();
                 Ok(Tensor::from_data(TensorData::new(summed, [len]), &device))
