@@ -129,7 +129,7 @@ fn mpi_rank(iters: usize) {
     use mpi::traits::CommunicatorCollectives;
 
     let mpi = tpgrpo::train::mpi::Mpi::init().expect("MPI");
-    let device = backend::device();
+    let device = backend::rank_device(mpi.local_rank()).expect("this rank's device");
     let replica = mpi.replica();
     let times = time_all_reduce(&replica, &gradients(&device), iters);
     // MPI_Allreduce alone, on a host buffer of the same size: what the tensors' copies to

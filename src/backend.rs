@@ -210,6 +210,19 @@ pub fn devices(n: usize) -> crate::Result<Vec<Device>> {
         .collect())
 }
 
+/// The device of a process that is rank `local_rank` among its machine's processes of a
+/// multi-process run (MPI): device `local_rank` where the process sees several, its only device
+/// where the launcher gave it one (`srun --gpus-per-task=1`, `CUDA_VISIBLE_DEVICES`), the CPU
+/// on the CPU backend. Errors name `devices` when the process sees more than one device but
+/// not `local_rank + 1`.
+pub fn rank_device(local_rank: usize) -> crate::Result<Device> {
+    let first = device();
+    if !on_gpu(&first) || device_count(&first) == 1 {
+        return Ok(first);
+    }
+    Ok(devices(local_rank + 1)?.swap_remove(local_rank))
+}
+
 /// What binaries call first: the kernel caches in [`cache_dir`] ([`use_kernel_cache`]), then
 /// the default device.
 pub fn init() -> crate::Result<Device> {

@@ -177,8 +177,7 @@ where
                     ),
                 ));
             }
-            let local = mpi.local_rank();
-            let device = backend::devices(local + 1)?.swap_remove(local);
+            let device = backend::rank_device(mpi.local_rank())?;
             parallel::train_mpi(mpi, |replica| build(replica, &device), console)
         }
         #[cfg(not(feature = "mpi"))]

@@ -5,7 +5,7 @@
 //! device), the rewards are gathered so that credit sees whole groups, the gradients of an
 //! optimizer step are summed over the replicas before clipping and AdamW, and every replica
 //! takes the same step. Replica 0 evaluates and writes metrics, samples and checkpoints.
-//! Across processes and machines the same runs over MPI ([`train_mpi`], with the `mpi`
+//! Across processes and machines the same runs over MPI (`train_mpi`, with the `mpi`
 //! feature): one process per device, each one replica.
 
 use std::sync::mpsc;
