@@ -15,27 +15,12 @@ use std::time::{Duration, Instant};
 
 use tpgrpo::train::{read_metrics, EpochMetrics};
 
-/// 2 prompts x 4 samples in rollout chunks of 4 (rank 0 draws samples 0..4 and rank 1
-/// samples 4..8, the single process's two chunks), 2 optimizer steps of micro-batches of 2.
-const SETTINGS: [&str; 10] = [
-    "prompts_per_epoch=2",
-    "group_size=4",
-    "rollout_batch=4",
-    "train_batch=2",
-    "optimizer_steps_per_epoch=2",
-    "rollout.num_steps=4",
-    "rollout.window_size=2",
-    "eval_every=0",
-    "save_every=1",
-    "seed=3",
-];
-
-/// The arguments of `tpgrpo train` after `train` with [`SETTINGS`], `extra` settings and
-/// output `out`.
+/// The arguments of `tpgrpo train` after `train` with `common::DATA_PARALLEL_SETTINGS` (two
+/// ranks draw one process's rollout chunks), `extra` settings and output `out`.
 fn train_args(out: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["--no-progress".to_string(), "--out".into()];
     args.push(out.display().to_string());
-    for s in SETTINGS.iter().chain(extra) {
+    for s in common::DATA_PARALLEL_SETTINGS.iter().chain(extra) {
         args.extend(["--set".to_string(), s.to_string()]);
     }
     args

@@ -26,25 +26,10 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
     COLLECTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// 2 prompts x 4 samples in rollout chunks of 4: replica 0 draws samples 0..4 and replica 1
-/// samples 4..8, exactly the single device's two chunks; 2 optimizer steps of micro-batches
-/// of 2, so the replicas' micro-batches differ from the single device's.
+/// Two epochs of [`common::DATA_PARALLEL_SETTINGS`].
 fn config() -> TrainConfig {
-    let sets: Vec<String> = [
-        "epochs=2",
-        "prompts_per_epoch=2",
-        "group_size=4",
-        "rollout_batch=4",
-        "train_batch=2",
-        "optimizer_steps_per_epoch=2",
-        "rollout.num_steps=4",
-        "rollout.window_size=2",
-        "eval_every=0",
-        "save_every=1",
-        "seed=3",
-    ]
-    .map(String::from)
-    .into();
+    let sets: Vec<String> =
+        common::DATA_PARALLEL_SETTINGS.iter().chain(&["epochs=2"]).map(|s| s.to_string()).collect();
     toy::train_config().with_sources(None, &sets).unwrap()
 }
 

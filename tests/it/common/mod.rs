@@ -218,6 +218,23 @@ pub fn example_binary(name: &str) -> PathBuf {
     bin
 }
 
+/// Toy settings for data-parallel runs: 2 prompts x 4 samples in rollout chunks of 4 (replica 0
+/// draws samples 0..4 and replica 1 samples 4..8, exactly one device's two chunks), 2 optimizer
+/// steps of micro-batches of 2 (so two replicas' micro-batches differ from one device's), a
+/// checkpoint every epoch, no evaluation.
+pub const DATA_PARALLEL_SETTINGS: [&str; 10] = [
+    "prompts_per_epoch=2",
+    "group_size=4",
+    "rollout_batch=4",
+    "train_batch=2",
+    "optimizer_steps_per_epoch=2",
+    "rollout.num_steps=4",
+    "rollout.window_size=2",
+    "eval_every=0",
+    "save_every=1",
+    "seed=3",
+];
+
 /// Settings for two quick epochs on the tiny SD3 folder (3 samples per prompt, 4 steps, 2
 /// trained, evaluation and a checkpoint at epoch 2).
 pub const TINY_SD3_SETTINGS: [&str; 13] = [
