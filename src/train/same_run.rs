@@ -14,6 +14,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn_store::ModuleSnapshot;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 
 use super::checkpoint::RunRecord;
 use super::replica::Replica;
@@ -42,6 +43,12 @@ pub(crate) struct RunView {
 /// The first 16 hex digits of the SHA-256 of `bytes`.
 fn digest(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A SHA-256 digest as eight f64 values, each one of its 32-bit words (integers, exact in f64,
+/// so an all-gather carries them unchanged).
+fn words(digest: &[u8]) -> Vec<f64> {
+    digest.chunks(4).map(|c| c.iter().fold(0u32, |w, &b| (w << 8) | u32::from(b)) as f64).collect()
 }
 
 /// The digest of every parameter of `module`: its dtype, shape and value bytes.
@@ -92,7 +99,7 @@ impl RunView {
             }
         };
         let (a, b) = (leaves(&self.settings), leaves(&other.settings));
-        let (a, b): (std::collections::BTreeMap<_, _>, std::collections::BTreeMap<_, _>) =
+        let (a, b): (BTreeMap<_, _>, BTreeMap<_, _>) =
             (a.into_iter().collect(), b.into_iter().collect());
         let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
         keys.sort();
@@ -117,7 +124,7 @@ impl RunView {
             self.optimizer_step.to_string(),
             other.optimizer_step.to_string(),
         );
-        let (a, b): (std::collections::BTreeMap<_, _>, std::collections::BTreeMap<_, _>) =
+        let (a, b): (BTreeMap<_, _>, BTreeMap<_, _>) =
             (self.tensors.iter().cloned().collect(), other.tensors.iter().cloned().collect());
         let mut tensors: Vec<&String> = a.keys().chain(b.keys()).collect();
         tensors.sort();
@@ -125,7 +132,7 @@ impl RunView {
         let changed: Vec<&String> =
             tensors.into_iter().filter(|k| a.get(*k) != b.get(*k)).collect();
         if let Some(first) = changed.first() {
-            let state = |m: &std::collections::BTreeMap<String, String>| {
+            let state = |m: &BTreeMap<String, String>| {
                 m.get(*first).map_or("absent".to_string(), |d| format!("digest {d}"))
             };
             out.push(format!(
@@ -151,10 +158,6 @@ where
     let json = serde_json::to_vec(&view).expect("a run view serialises");
     let device = trainer.model().devices()[0].clone();
     let gather = |values: &[f64]| replica.all_gather::<B::InnerBackend>(values, &device);
-    // Each 32-bit word of the SHA-256 is an integer, exact in f64.
-    let words = |bytes: &[u8]| -> Vec<f64> {
-        bytes.chunks(4).map(|c| c.iter().fold(0u32, |w, &b| (w << 8) | b as u32) as f64).collect()
-    };
     let digests = gather(&words(&Sha256::digest(&json)))?;
     if digests.iter().all(|d| d == &digests[0]) {
         return Ok(());
@@ -191,13 +194,8 @@ where
         hash.update(name.as_bytes());
         hash.update(t.into_data().as_bytes());
     }
-    let words: Vec<f64> = hash
-        .finalize()
-        .chunks(4)
-        .map(|c| c.iter().fold(0u32, |w, &b| (w << 8) | b as u32) as f64)
-        .collect();
     let device = trainer.model().devices()[0].clone();
-    let all = replica.all_gather::<B::InnerBackend>(&words, &device)?;
+    let all = replica.all_gather::<B::InnerBackend>(&words(&hash.finalize()), &device)?;
     match all.iter().position(|d| d != &all[0]) {
         None => Ok(()),
         Some(rank) => Err(Error::RanksDiffer {
