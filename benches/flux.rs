@@ -14,17 +14,15 @@
 //! Random weights; LoRA rank 64 / alpha 128 on the FLUX targets (`model::flux_targets`),
 //! gradients of the adapters only. `BENCH_ITERS` sets the timed iterations (default 10).
 
-use std::time::Duration;
-
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::model::{cast_params, dtype_name, flux_targets, pack_latents};
+use tpgrpo::model::{cast_params, flux_targets, pack_latents};
 use tpgrpo::model::{Adaptable, Flux, FluxConfig, LoraConfig, Rope};
 
 mod common;
-use common::{args, time};
+use common::{args, time_and_report};
 
 /// A FLUX benchmark size: the transformer, one latent `[C, H, W]` and the text tokens.
 struct Size {
@@ -116,28 +114,14 @@ fn main() {
     let params = model.num_params();
     let frozen = model.valid();
     let x = inputs(&frozen, &s, batch, &device);
-    let (fwd_first, fwd) = time(iters, || {
-        let _ = forward(&frozen, &x).into_data();
-    });
-    let x = inputs::<TrainBackend>(&lora, &s, batch, &device);
-    let (bwd_first, bwd) = time(iters, || {
-        let loss = forward(&lora, &x).powf_scalar(2.0).mean();
-        let grads = loss.backward();
-        // GPU backends queue kernels: wait for the backward to finish, not only to be queued.
-        <backend::Backend as burn::prelude::Backend>::sync(&device).expect("device sync");
-        drop(grads);
-    });
-
-    println!(
-        "flux bench: {name}, batch {batch}, {} backend, {}, {iters} iterations, {params} \
-         parameters",
-        backend::NAME,
-        dtype_name(dtype)
+    let x_lora = inputs::<TrainBackend>(&lora, &s, batch, &device);
+    time_and_report(
+        "flux",
+        name,
+        batch,
+        (dtype, params, iters),
+        &device,
+        || drop(forward(&frozen, &x).into_data()),
+        || drop(forward(&lora, &x_lora).powf_scalar(2.0).mean().backward()),
     );
-    println!("forward                first {:9.1} ms   median {:8.1} ms", ms(fwd_first), ms(fwd));
-    println!("LoRA forward+backward  first {:9.1} ms   median {:8.1} ms", ms(bwd_first), ms(bwd));
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

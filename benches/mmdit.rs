@@ -15,17 +15,15 @@
 //! `BENCH_ITERS` sets the timed iterations (default 10). `benches/torch_mmdit.py` measures
 //! diffusers on the same shapes.
 
-use std::time::Duration;
-
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use tpgrpo::backend::{self, TrainBackend};
-use tpgrpo::model::{cast_params, dtype_name};
+use tpgrpo::model::cast_params;
 use tpgrpo::model::{Adaptable, LoraConfig, MMDiT};
 
 mod common;
-use common::{args, size, time, Size};
+use common::{args, size, time_and_report, Size};
 
 struct Inputs<B: burn::prelude::Backend> {
     latent: Tensor<B, 4>,
@@ -65,28 +63,14 @@ fn main() {
     let params = model.num_params();
     let frozen = model.valid();
     let x = inputs(&s, batch, &device);
-    let (fwd_first, fwd) = time(iters, || {
-        let _ = forward(&frozen, &x).into_data();
-    });
-    let x = inputs::<TrainBackend>(&s, batch, &device);
-    let (bwd_first, bwd) = time(iters, || {
-        let loss = forward(&lora, &x).powf_scalar(2.0).mean();
-        let grads = loss.backward();
-        // GPU backends queue kernels: wait for the backward to finish, not only to be queued.
-        <backend::Backend as burn::prelude::Backend>::sync(&device).expect("device sync");
-        drop(grads);
-    });
-
-    println!(
-        "mmdit bench: {name}, batch {batch}, {} backend, {}, {iters} iterations, {params} \
-         parameters",
-        backend::NAME,
-        dtype_name(dtype)
+    let x_lora = inputs::<TrainBackend>(&s, batch, &device);
+    time_and_report(
+        "mmdit",
+        name,
+        batch,
+        (dtype, params, iters),
+        &device,
+        || drop(forward(&frozen, &x).into_data()),
+        || drop(forward(&lora, &x_lora).powf_scalar(2.0).mean().backward()),
     );
-    println!("forward                first {:9.1} ms   median {:8.1} ms", ms(fwd_first), ms(fwd));
-    println!("LoRA forward+backward  first {:9.1} ms   median {:8.1} ms", ms(bwd_first), ms(bwd));
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

@@ -79,3 +79,32 @@ pub fn time(iters: usize, mut f: impl FnMut()) -> (Duration, Duration) {
     times.sort();
     (first, times[iters / 2])
 }
+
+/// Times the frozen model's forward (`forward`) and the adapted model's forward + backward
+/// (`step`, synced with `device` before it stops the clock), then prints both as the
+/// `bench` bench of size `name`: the first call's time and the median of `iters` more.
+pub fn time_and_report(
+    bench: &str,
+    name: &str,
+    batch: usize,
+    (dtype, params, iters): (burn::tensor::FloatDType, usize, usize),
+    device: &tpgrpo::backend::Device,
+    mut forward: impl FnMut(),
+    mut step: impl FnMut(),
+) {
+    let (fwd_first, fwd) = time(iters, &mut forward);
+    let (bwd_first, bwd) = time(iters, || {
+        step();
+        // GPU backends queue kernels: wait for the backward to finish, not only to be queued.
+        <tpgrpo::backend::Backend as burn::prelude::Backend>::sync(device).expect("device sync");
+    });
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{bench} bench: {name}, batch {batch}, {} backend, {}, {iters} iterations, {params} \
+         parameters",
+        tpgrpo::backend::NAME,
+        tpgrpo::model::dtype_name(dtype)
+    );
+    println!("forward                first {:9.1} ms   median {:8.1} ms", ms(fwd_first), ms(fwd));
+    println!("LoRA forward+backward  first {:9.1} ms   median {:8.1} ms", ms(bwd_first), ms(bwd));
+}
