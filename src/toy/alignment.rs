@@ -8,32 +8,21 @@
 //!
 //! ```text
 //! amount_c   = 1 if lo_c <= m_c <= hi_c, m_c / lo_c below, hi_c / m_c above
-//! shape_g    = (sum of the n_g largest fit(f_o, s_g) over the detected objects o of group g's
-//!              colour) / n_g      n_g, s_g: the group's count and shape; f_o: the object's fill
-//! fit(f, s)  = sigmoid((f - f_lo(s)) / w) * sigmoid((f_hi(s) - f) / w)
-//!                                 [f_lo, f_hi]: the scorer's fill interval of s (square [0.9, 1],
-//!                                 circle [0.68, 0.9], triangle [0, 0.68]; an open end's factor
-//!                                 is 1), w = FILL_WIDTH
-//! order_r    = sigmoid(d_r - 2)      d_r: signed offset (pixels) along the relation's axis of
-//!                                    the two groups' colour centroids, 0 if a mass is < 1; of
-//!                                    their best-fitting objects when both groups have one
-//!                                    colour, 0 if that is one object or none
+//! order_r    = sigmoid(d_r - 2)      d_r: signed offset (pixels) of the two groups' colour
+//!                                    centroids along the relation's axis, 0 if a mass is < 1
 //! clutter    = max(0, N - b - sum over requested colours of min(m_c, hi_c))
 //! purity     = 1 / (1 + clutter / A)  A: the mean area of one object
-//! score      = purity * mean(amount_c over requested colours, shape_g over groups,
-//!                            order_r over relations)
+//! score      = purity * mean(amount_c over requested colours, order_r over relations)
 //! ```
 //!
 //! `[lo_c, hi_c]` is the range of areas the renderer gives the prompt's objects of colour `c`
-//! (sides 8 to 11 pixels), so rendered scenes score about 1. Objects are the rule-based
-//! scorer's detections (`super::scorer::detect`): the shape terms measure what its shape
-//! check tests, but with a fill that moves with every pixel instead of a class that flips at a
-//! threshold. Areas and offsets are in pixels of a 32x32 image, scaled to the image's size.
-//! Flood fills, empty and noise images and wrong colours score low (`src/toy/tests.rs`).
+//! (sides 8 to 11 pixels), so rendered scenes score about 1; a relation between two groups of
+//! one colour has no colour centroids to compare and is not scored. Areas and offsets are in
+//! pixels of a 32x32 image, scaled to the image's size. Flood fills, empty and noise images
+//! and wrong colours score low (`tests/it/toy_task.rs`).
 
 use super::draw::{Placed, IMAGE_SIZE, OBJECT_SIZE};
 use super::prompt::{Color, Relation, Scene, Shape};
-use super::scorer::{detect, Detection, CIRCLE_FILL, SQUARE_FILL};
 use crate::error::Result;
 use crate::image::Image;
 use crate::prompts::Prompt;
@@ -42,23 +31,6 @@ use crate::reward::Reward;
 /// Width `tau` of a colour's soft membership, in RGB distance (palette colours and black are
 /// at least 0.75 apart).
 pub(crate) const COLOR_WIDTH: f32 = 0.2;
-
-/// Width `w` of the soft edges of a shape's fill interval in [`shape_fit`] (one pixel of a
-/// side-10 object moves its fill by 0.01).
-pub(crate) const FILL_WIDTH: f64 = 0.02;
-
-/// How well an object that fills `fill` of its bounding box fits `shape`: its fill interval
-/// with soft edges (see the module doc), about 1 inside, 1/2 on an edge, 0 far outside.
-fn shape_fit(fill: f32, shape: Shape) -> f64 {
-    let (f, sq, ci) = (fill as f64, SQUARE_FILL as f64, CIRCLE_FILL as f64);
-    let above = |lo: f64| sigmoid((f - lo) / FILL_WIDTH);
-    let below = |hi: f64| sigmoid((hi - f) / FILL_WIDTH);
-    match shape {
-        Shape::Square => above(sq),
-        Shape::Circle => above(ci) * below(sq),
-        Shape::Triangle => below(ci),
-    }
-}
 
 /// Pixels of one object of `shape` with bounding-box side `side`, as the renderer draws it.
 pub(crate) fn object_area(shape: Shape, side: usize) -> f64 {
@@ -138,42 +110,23 @@ pub(crate) fn alignment(scene: &Scene, image: &Image) -> f64 {
     let requested: Vec<usize> = (0..4).filter(|&k| range[k].1 > 0.0).collect();
     let mut terms: Vec<f64> =
         requested.iter().map(|&k| amount(m.mass[k], range[k].0, range[k].1)).collect();
-    // Each group's shape term, and its best-fitting object (the largest among equals).
-    let found = detect(image);
-    let mut best: Vec<Option<&Detection>> = Vec::with_capacity(scene.include.len());
     for g in &scene.include {
-        let mut fits: Vec<(f64, &Detection)> = found
-            .iter()
-            .filter(|d| d.color == g.color)
-            .map(|d| (shape_fit(d.fill, g.class), d))
-            .collect();
-        fits.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.area.cmp(&a.1.area)));
-        terms.push(fits.iter().take(g.count).map(|f| f.0).sum::<f64>() / g.count as f64);
-        best.push(fits.first().map(|f| f.1));
-    }
-    let offset = |rel: Relation, (px, py): (f64, f64), (ax, ay): (f64, f64)| match rel {
-        Relation::Above => ay - py,
-        Relation::Below => py - ay,
-        Relation::LeftOf => ax - px,
-        Relation::RightOf => px - ax,
-    };
-    for (i, g) in scene.include.iter().enumerate() {
         let Some((rel, anchor)) = g.position else { continue };
         let (p, a) = (index(g.color), index(scene.include[anchor].color));
-        let d = if p == a {
-            match (best[i], best[anchor]) {
-                (Some(o), Some(b)) if !std::ptr::eq(o, b) => {
-                    let centre = |d: &Detection| (d.cx as f64, d.cy as f64);
-                    Some(offset(rel, centre(o), centre(b)))
-                }
-                _ => None,
-            }
-        } else if m.mass[p] < 1.0 || m.mass[a] < 1.0 {
-            None
-        } else {
-            Some(offset(rel, (m.cx[p], m.cy[p]), (m.cx[a], m.cy[a])))
+        if p == a {
+            continue;
+        }
+        if m.mass[p] < 1.0 || m.mass[a] < 1.0 {
+            terms.push(0.0);
+            continue;
+        }
+        let d = match rel {
+            Relation::Above => m.cy[a] - m.cy[p],
+            Relation::Below => m.cy[p] - m.cy[a],
+            Relation::LeftOf => m.cx[a] - m.cx[p],
+            Relation::RightOf => m.cx[p] - m.cx[a],
         };
-        terms.push(d.map_or(0.0, |d| sigmoid(d / side_scale - 2.0)));
+        terms.push(sigmoid(d / side_scale - 2.0));
     }
     // Colour drawn beyond what the prompt's objects can take is clutter too.
     let drawn: f64 = requested.iter().map(|&k| m.mass[k].min(range[k].1)).sum();

@@ -4,7 +4,7 @@
 //! Detection: each pixel (quantised to 8 bits) takes the nearest palette colour when it is
 //! within [`COLOR_TOLERANCE`] of it, else it is background; 4-connected regions of one colour
 //! with at least [`MIN_AREA`] pixels are objects; an object's shape follows from how much of
-//! its bounding box it fills (square >= [`SQUARE_FILL`] > circle >= [`CIRCLE_FILL`] > triangle).
+//! its bounding box it fills (square >= 0.9 > circle >= 0.68 > triangle).
 
 use super::prompt::{Color, Include, Relation, Scene, Shape};
 use crate::error::Result;
@@ -18,10 +18,6 @@ pub(crate) const COLOR_TOLERANCE: f32 = 0.3;
 pub(crate) const MIN_AREA: usize = 8;
 /// Credit for a group when only objects of the right colour but the wrong shape are found.
 pub(crate) const COLOR_ONLY_CREDIT: f64 = 0.3;
-/// Least fill (area over bounding-box area) of a square.
-pub(crate) const SQUARE_FILL: f32 = 0.9;
-/// Least fill of a circle; less is a triangle.
-pub(crate) const CIRCLE_FILL: f32 = 0.68;
 
 /// A detected object.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,8 +28,6 @@ pub(crate) struct Detection {
     pub shape: Shape,
     /// Pixel count.
     pub area: usize,
-    /// Area over bounding-box area, in `(0, 1]`.
-    pub fill: f32,
     /// Centroid column.
     pub cx: f32,
     /// Centroid row.
@@ -98,15 +92,14 @@ pub(crate) fn detect(image: &Image) -> Vec<Detection> {
             continue;
         }
         let fill = area as f32 / ((x1 - x0 + 1) * (y1 - y0 + 1)) as f32;
-        let shape = if fill >= SQUARE_FILL {
+        let shape = if fill >= 0.9 {
             Shape::Square
-        } else if fill >= CIRCLE_FILL {
+        } else if fill >= 0.68 {
             Shape::Circle
         } else {
             Shape::Triangle
         };
-        let (cx, cy) = (sx / area as f32, sy / area as f32);
-        out.push(Detection { color, shape, area, fill, cx, cy });
+        out.push(Detection { color, shape, area, cx: sx / area as f32, cy: sy / area as f32 });
     }
     out
 }
