@@ -27,7 +27,7 @@ pub struct RolloutConfig {
     /// Guidance scale `g`: the CFG scale (SD3), or the embedded guidance (FLUX.1-dev).
     #[config(default = 4.5)]
     pub guidance: f64,
-    /// Noise scale alpha of the stochastic steps.
+    /// Noise scale alpha of the stochastic steps (at most 1 with the CPS sampler).
     #[config(default = 0.7)]
     pub noise_level: f64,
     /// The stochastic sampler.
@@ -82,6 +82,18 @@ impl RolloutConfig {
             return Err(Error::config(
                 "noise_level",
                 format!("must be > 0 for trained steps, got {}", self.noise_level),
+            ));
+        }
+        // CPS's std is sigma_next sin(alpha pi / 2): alpha and 2 - alpha are one sampler.
+        if self.sampler == SamplerKind::Cps && self.noise_level > 1.0 {
+            return Err(Error::config(
+                "noise_level",
+                format!(
+                    "must be at most 1 with the cps sampler, got {} (its step std \
+                     sigma_next sin(alpha pi / 2) is the same at {})",
+                    self.noise_level,
+                    2.0 - self.noise_level
+                ),
             ));
         }
         if self.window_size == 0 {

@@ -339,6 +339,7 @@ fn invalid_settings_name_the_field() {
     let cases = [
         ("group_size=1", "group_size"),
         ("rollout.window_size=10", "rollout.window_start/window_size"),
+        ("rollout.noise_level=1.1", "rollout.noise_level"),
         ("lora.rank=0", "lora.rank"),
         ("optimizer.lr=-1", "optimizer.lr"),
         ("objective.objective=ppo", "objective.objective"),
@@ -349,6 +350,9 @@ fn invalid_settings_name_the_field() {
         let err = base.with_sources(None, &[set.to_string()]).unwrap_err().to_string();
         assert!(err.contains(field), "{set}: {err}");
     }
+    // Above 1 CPS repeats itself (sin(1.1 pi / 2) = sin(0.9 pi / 2)); the SDE step does not.
+    let sde = ["rollout.sampler=sde".to_string(), "rollout.noise_level=1.1".to_string()];
+    assert!(base.with_sources(None, &sde).is_ok());
 }
 
 /// Mean brightness: a reward whose optimum is obvious, to check the update's direction.
