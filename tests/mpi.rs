@@ -11,6 +11,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tpgrpo::train::{read_metrics, EpochMetrics};
@@ -49,8 +50,15 @@ fn run_ranks(ranks: &[Vec<String>], limit: Duration) -> (Output, Duration) {
     wait(cmd, limit, |_| {})
 }
 
-/// Runs `cmd`, calling `during` with its process id once, and kills it past `limit`.
+/// One MPI job at a time. Open MPI's launcher once lost a job's abort message
+/// (`ORTE_ERROR_LOG: Data unpack would read past end of buffer` in show_help.c) while the
+/// other tests' jobs ran beside it on a loaded machine, and the tests read those messages.
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+/// Runs `cmd` (alone: [`ONE_JOB`]), calling `during` with its process id once, and kills it
+/// past `limit`.
 fn wait(mut cmd: Command, limit: Duration, during: impl FnOnce(u32)) -> (Output, Duration) {
+    let _alone = ONE_JOB.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let start = Instant::now();
     let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("mpirun");
     during(child.id());
