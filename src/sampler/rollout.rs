@@ -89,10 +89,10 @@ impl RolloutConfig {
             return Err(Error::config(
                 "noise_level",
                 format!(
-                    "must be at most 1 with the cps sampler, got {} (its step std \
-                     sigma_next sin(alpha pi / 2) is the same at {})",
-                    self.noise_level,
-                    2.0 - self.noise_level
+                    "must be at most 1 with the cps sampler, got {}: its step std \
+                     sigma_next sin(alpha pi / 2) repeats above 1 (alpha and 2 - alpha give \
+                     one sampler)",
+                    self.noise_level
                 ),
             ));
         }
