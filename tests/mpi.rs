@@ -11,7 +11,6 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tpgrpo::train::{read_metrics, EpochMetrics};
@@ -50,15 +49,8 @@ fn run_ranks(ranks: &[Vec<String>], limit: Duration) -> (Output, Duration) {
     wait(cmd, limit, |_| {})
 }
 
-/// One MPI job at a time. Open MPI's launcher once lost a job's abort message
-/// (`ORTE_ERROR_LOG: Data unpack would read past end of buffer` in show_help.c) while the
-/// other tests' jobs ran beside it on a loaded machine, and the tests read those messages.
-static ONE_JOB: Mutex<()> = Mutex::new(());
-
-/// Runs `cmd` (alone: [`ONE_JOB`]), calling `during` with its process id once, and kills it
-/// past `limit`.
+/// Runs `cmd`, calling `during` with its process id once, and kills it past `limit`.
 fn wait(mut cmd: Command, limit: Duration, during: impl FnOnce(u32)) -> (Output, Duration) {
-    let _alone = ONE_JOB.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let start = Instant::now();
     let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("mpirun");
     during(child.id());
@@ -250,11 +242,18 @@ fn a_failing_rank_stops_the_job() {
     let mut b = a.clone();
     b.extend(["--resume".into(), out.join("no-such-checkpoint").display().to_string()]);
     let (o, took) = run_ranks(&[a, b], Duration::from_secs(120));
-    assert!(!o.status.success(), "{}", text(&o));
+    // The launcher exits with the status rank 1 aborted with. Its own "MPI_ABORT was invoked
+    // on rank 1" notice is not checked: Open MPI 4.1's launcher sometimes loses it
+    // (`ORTE_ERROR_LOG: Data unpack would read past end of buffer` in show_help.c, open-mpi/ompi
+    // #8356), once in CI with every other MPI job of these tests held back.
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // Rank 1's error is one whole line: written piece by piece, the launcher's notice landed
+    // inside it under load (8 of 60 runs beside two busy loops).
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("error: rank 1: "), "{}", text(&o));
-    assert!(stderr.contains("no-such-checkpoint"), "{}", text(&o));
-    assert!(stderr.contains("MPI_ABORT was invoked on rank 1"), "{}", text(&o));
+    let whole = stderr.lines().any(|l| {
+        l.starts_with("error: rank 1: ") && l.contains("no-such-checkpoint: does not exist")
+    });
+    assert!(whole, "{}", text(&o));
     assert!(took < Duration::from_secs(60), "took {took:?}");
 }
 

@@ -31,9 +31,16 @@ pub fn silence() {
     LOST.store(true, Ordering::Relaxed);
 }
 
-/// Reports `error` on stderr (if it still works) and exits with status 1.
+/// Reports `error: {error}` on stderr (if it still works) in one write: stderr is unbuffered,
+/// and written piece by piece the line could be split by output that other processes write to
+/// the same place (Open MPI's launcher put its abort notice between `error: rank 1` and `: ...`).
+pub fn error(error: impl std::fmt::Display) {
+    let _ = std::io::stderr().write_all(format!("error: {error}\n").as_bytes());
+}
+
+/// Reports `error` on stderr ([`error`]) and exits with status 1.
 pub fn fail(error: impl std::fmt::Display) -> ! {
-    let _ = writeln!(std::io::stderr(), "error: {error}");
+    self::error(error);
     std::process::exit(1)
 }
 

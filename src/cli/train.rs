@@ -415,7 +415,7 @@ fn run_rank(args: Args) -> tpgrpo::Result<()> {
             std::process::exit(status)
         }
         Err(e) => {
-            eprintln!("error: rank {rank}: {e}");
+            crate::console::error(format_args!("rank {rank}: {e}"));
             mpi.abort(1)
         }
     }
