@@ -29,6 +29,8 @@ fn config(epochs: usize, objective: &str) -> TrainConfig {
         "eval_prompts=4".into(),
         "save_every=2".into(),
         "seed=1".into(),
+        // The KL penalty's reference pass too (the toy preset trains without it).
+        "objective.kl_beta=0.0001".into(),
         format!("objective.objective={objective}"),
     ]
     .into();

@@ -222,7 +222,7 @@ pub fn example_binary(name: &str) -> PathBuf {
 /// draws samples 0..4 and replica 1 samples 4..8, exactly one device's two chunks), 2 optimizer
 /// steps of micro-batches of 2 (so two replicas' micro-batches differ from one device's), a
 /// checkpoint every epoch, no evaluation.
-pub const DATA_PARALLEL_SETTINGS: [&str; 10] = [
+pub const DATA_PARALLEL_SETTINGS: [&str; 11] = [
     "prompts_per_epoch=2",
     "group_size=4",
     "rollout_batch=4",
@@ -233,6 +233,8 @@ pub const DATA_PARALLEL_SETTINGS: [&str; 10] = [
     "eval_every=0",
     "save_every=1",
     "seed=3",
+    // The KL penalty's reference pass too (the toy preset trains without it).
+    "objective.kl_beta=0.0001",
 ];
 
 /// Settings for two quick epochs on the tiny SD3 folder (3 samples per prompt, 4 steps, 2
