@@ -35,10 +35,7 @@ fn emit(args: std::fmt::Arguments<'_>) {
     match written {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "error: standard output: {e}");
-            std::process::exit(1);
-        }
+        Err(e) => console::fail(format_args!("standard output: {e}")),
     }
 }
 

@@ -647,7 +647,7 @@ fn closed_pipe() -> std::process::Stdio {
 /// A closed stdout never stops training (issue 39, item 5): `train_sd3` with its stdout
 /// closed from the start (as `| head -0` would) finishes its run, checkpoint included, with
 /// one warning on stderr and no panic; `tpgrpo credit` on a closed stdout ends quietly with
-/// status 141, as a Unix tool ends on SIGPIPE.
+/// status 141, as a Unix tool ends on SIGPIPE, and on a full one with a one-line error.
 #[test]
 fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
     use std::process::{Command, Stdio};
@@ -677,6 +677,18 @@ fn a_closed_stdout_stops_neither_training_nor_quietly_ends_a_command() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(141), "{err}");
     assert!(err.is_empty(), "{err}");
+
+    // Any other failure of stdout (a full disk: /dev/full) is an error, on one line.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_tpgrpo"))
+        .args(["credit", "--input"])
+        .arg(&input)
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("error: standard output: ") && err.lines().count() == 1, "{err}");
 }
 
 /// Resuming with another reward or prompt set (issue 39, item 7) is refused naming it, as
